@@ -1,0 +1,105 @@
+"""Index builds that never damage the previous index and resume encoding after an interruption.
+
+A build writes into `<out>.partial/` and swaps it in with renames at the end; `recover(out)` undoes
+a swap cut between its two renames. A dense build keeps its passage embeddings in
+`<out>.partial/embeddings.npy` (4*d bytes/passage on disk) with a progress file, so rerunning the
+same command continues encoding from the last finished batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxsearch.retrieval.bm25 import BM25Retriever
+from jaxsearch.retrieval.corpus import Corpus
+from jaxsearch.retrieval.dense import DenseRetriever, fill_index, new_index
+from jaxsearch.retrieval.encoders import Encoder
+
+EMBEDDINGS_FILE = "embeddings.npy"
+PROGRESS_FILE = "progress.json"
+
+
+def partial_dir(out: str) -> str:
+    return out.rstrip("/") + ".partial"
+
+
+def recover(out: str) -> None:
+    """If a swap was cut after moving the old index aside, put the old index back."""
+    old = out.rstrip("/") + ".old"
+    if not os.path.exists(out) and os.path.exists(old):
+        os.rename(old, out)
+
+
+def commit(tmp: str, out: str) -> None:
+    """Replace `out` by the finished build `tmp` (rename old aside, rename new in, delete old)."""
+    recover(out)
+    old = out.rstrip("/") + ".old"
+    if os.path.exists(old):
+        shutil.rmtree(old)
+    if os.path.exists(out):
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: str, obj: dict) -> None:
+    """Atomic JSON write (a kill leaves the old or the new file, never half of one)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
+def encode_corpus(corpus: Corpus, encoder: Encoder, workdir: str, batch_size: int = 256,
+                  progress: bool = True) -> np.ndarray:
+    """Embed every passage into `workdir/embeddings.npy` ([N, d] float32 memmap), resuming a matching
+    earlier run from its last finished batch."""
+    emb_path, prog_path = os.path.join(workdir, EMBEDDINGS_FILE), os.path.join(workdir, PROGRESS_FILE)
+    stat = os.stat(corpus.path)
+    job = {"corpus": [os.path.abspath(corpus.path), stat.st_size, stat.st_mtime_ns], "num_docs": len(corpus),
+           "dim": encoder.dim, "encoder": dataclasses.asdict(encoder.spec)}
+    done = 0
+    if os.path.isfile(prog_path) and os.path.isfile(emb_path):
+        with open(prog_path) as f:
+            state = json.load(f)
+        if state.get("job") == job:
+            done = state["rows_done"]
+    if done:
+        emb = np.load(emb_path, mmap_mode="r+")
+    else:
+        os.makedirs(workdir, exist_ok=True)
+        emb = np.lib.format.open_memmap(emb_path, mode="w+", dtype=np.float32, shape=(len(corpus), encoder.dim))
+    with tqdm(total=len(corpus), initial=done, desc="encode passages", unit="doc", disable=not progress) as bar:
+        for batch in corpus.iter_batches(batch_size, start=done):
+            emb[done:done + len(batch)] = encoder.encode_passages([d.contents for d in batch], batch_size)
+            done += len(batch)
+            emb.flush()
+            _write_json(prog_path, {"job": job, "rows_done": done})
+            bar.update(len(batch))
+    return emb
+
+
+def build_bm25(corpus: Corpus, out: str, k1: float = 0.9, b: float = 0.4, progress: bool = True) -> None:
+    """Build a BM25 index of `corpus` into directory `out`."""
+    tmp = partial_dir(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    BM25Retriever.build(corpus, k1=k1, b=b, progress=progress).save(tmp)
+    commit(tmp, out)
+
+
+def build_dense(corpus: Corpus, out: str, encoder: Encoder, kind: str = "flat", batch_size: int = 256,
+                hnsw_m: int = 32, ivf_nlist: int | None = None, pq_m: int = 64, progress: bool = True) -> None:
+    """Encode `corpus` (resumable) and build a FAISS index of `kind` into directory `out`."""
+    tmp = partial_dir(out)
+    index = new_index(kind, encoder.dim, len(corpus), hnsw_m=hnsw_m, ivf_nlist=ivf_nlist, pq_m=pq_m)
+    emb = encode_corpus(corpus, encoder, tmp, batch_size, progress)
+    fill_index(index, emb, progress)
+    del emb
+    os.remove(os.path.join(tmp, EMBEDDINGS_FILE))
+    os.remove(os.path.join(tmp, PROGRESS_FILE))
+    DenseRetriever.save(tmp, index, encoder.spec, corpus, kind)
+    commit(tmp, out)

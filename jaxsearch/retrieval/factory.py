@@ -1,0 +1,45 @@
+"""`make_retriever(kind, ...)`: pick a retriever by name from a config ("bm25", "dense", "remote")."""
+from __future__ import annotations
+
+import os
+
+from jaxsearch.retrieval.base import Retriever
+
+KINDS = ("bm25", "dense", "remote")
+
+
+def make_retriever(kind: str, corpus: str | None = None, index: str | None = None, url: str | None = None,
+                   encoder: str | None = None, progress: bool = True, **kwargs) -> Retriever:
+    """Build a retriever.
+
+    bm25:   `corpus` (JSONL path) and `index` (dir from build_index.py); without `index`, index in RAM.
+    dense:  `corpus`, `index` (dir, or a bare FAISS file like Search-R1's e5_Flat.index with `encoder`);
+            without `index`, encode the corpus into an in-RAM Flat index (small corpora only).
+            kwargs: ef_search, nprobe, use_gpu.
+    remote: `url` of a Search-R1-API server; kwargs: timeout, retries, backoff, max_backoff.
+    """
+    if kind == "remote":
+        from jaxsearch.retrieval.client import RemoteRetriever
+
+        if not url:
+            raise ValueError("retriever 'remote' needs url= (e.g. http://127.0.0.1:8000/retrieve)")
+        return RemoteRetriever(url, **kwargs)
+    if kind not in KINDS:
+        raise ValueError(f"unknown retriever kind {kind!r}; choose from {KINDS}")
+    if not corpus:
+        raise ValueError(f"retriever {kind!r} needs corpus= (a JSONL file)")
+    from jaxsearch.retrieval.build import recover
+    from jaxsearch.retrieval.corpus import Corpus
+
+    if index:
+        recover(os.fspath(index))
+    docs = Corpus(corpus, progress=progress)
+    if kind == "bm25":
+        from jaxsearch.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever.load(index, docs) if index else BM25Retriever.build(docs, progress=progress, **kwargs)
+    from jaxsearch.retrieval.dense import DenseRetriever
+
+    if index:
+        return DenseRetriever.load(index, docs, encoder, **kwargs)
+    return DenseRetriever.build_flat(docs, encoder or "e5", progress=progress, **kwargs)
