@@ -1,49 +1,79 @@
 """Builds tiny transformers Qwen2 models with random weights: the independent reference of the model tests."""
+
 import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 # Three tiny configs that differ in tying, GQA ratio (1 kv head included), head dim and rope theta.
 TINY_CONFIGS = {
-    "tied_gqa4_mqa": dict(vocab_size=311, hidden_size=64, intermediate_size=160, num_attention_heads=4,
-                          num_key_value_heads=1, num_hidden_layers=2, tie_word_embeddings=True,
-                          rope_theta=10000.0),
-    "untied_gqa2_hd32": dict(vocab_size=257, hidden_size=48, intermediate_size=96, num_attention_heads=4,
-                             num_key_value_heads=2, num_hidden_layers=3, head_dim=32,
-                             tie_word_embeddings=False, rope_theta=1e6),
-    "untied_mha_theta500": dict(vocab_size=199, hidden_size=96, intermediate_size=128, num_attention_heads=6,
-                                num_key_value_heads=6, num_hidden_layers=2, tie_word_embeddings=False,
-                                rope_theta=500.0, rms_norm_eps=1e-5),
+    "tied_gqa4_mqa": dict(
+        vocab_size=311,
+        hidden_size=64,
+        intermediate_size=160,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    ),
+    "untied_gqa2_hd32": dict(
+        vocab_size=257,
+        hidden_size=48,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=3,
+        head_dim=32,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+    ),
+    "untied_mha_theta500": dict(
+        vocab_size=199,
+        hidden_size=96,
+        intermediate_size=128,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        num_hidden_layers=2,
+        tie_word_embeddings=False,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+    ),
 }
 
 
 def make_hf_model(name: str, seed: int = 0) -> Qwen2ForCausalLM:
-  """A random transformers Qwen2 with non-zero biases and non-unit norm weights (fp32, eval mode)."""
-  torch.manual_seed(seed)
-  cfg = Qwen2Config(max_position_embeddings=512, **TINY_CONFIGS[name])
-  model = Qwen2ForCausalLM(cfg).eval()
-  with torch.no_grad():
-    for pname, p in model.named_parameters():
-      if pname.endswith("bias"):
-        p.copy_(torch.randn_like(p) * 0.5)
-      elif "norm" in pname:
-        p.copy_(1.0 + torch.randn_like(p) * 0.2)
-  return model
+    """A random transformers Qwen2 with non-zero biases and non-unit norm weights (fp32, eval mode)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(max_position_embeddings=512, **TINY_CONFIGS[name])
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.5)
+            elif "norm" in pname:
+                p.copy_(1.0 + torch.randn_like(p) * 0.2)
+    return model
 
 
 def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-  with torch.no_grad():
-    return model(input_ids=torch.tensor(ids, dtype=torch.long),
-                 attention_mask=torch.tensor(mask, dtype=torch.long)).logits.float().numpy()
+    with torch.no_grad():
+        return (
+            model(
+                input_ids=torch.tensor(ids, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+            )
+            .logits.float()
+            .numpy()
+        )
 
 
 def left_padded_batch(vocab: int, lengths, seed: int = 0):
-  """Random ids [B, T] with row b left-padded to max(lengths); mask [B, T]."""
-  rng = np.random.default_rng(seed)
-  t = max(lengths)
-  ids = rng.integers(0, vocab, size=(len(lengths), t))
-  mask = np.zeros_like(ids)
-  for b, n in enumerate(lengths):
-    mask[b, t - n:] = 1
-    ids[b, :t - n] = 0
-  return ids, mask
+    """Random ids [B, T] with row b left-padded to max(lengths); mask [B, T]."""
+    rng = np.random.default_rng(seed)
+    t = max(lengths)
+    ids = rng.integers(0, vocab, size=(len(lengths), t))
+    mask = np.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        mask[b, t - n :] = 1
+        ids[b, : t - n] = 0
+    return ids, mask

@@ -1,4 +1,5 @@
 """Qwen2 in Flax against transformers' Qwen2ForCausalLM on the same random weights."""
+
 import numpy as np
 import pytest
 import torch
@@ -14,152 +15,170 @@ from hf_reference import TINY_CONFIGS, hf_logits, left_padded_batch, make_hf_mod
 
 @pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
 def tiny(request, tmp_path_factory):
-  """(name, transformers model, our config, our params loaded through load_hf from its save)."""
-  model = make_hf_model(request.param)
-  path = tmp_path_factory.mktemp(request.param)
-  model.save_pretrained(path)
-  config, params = hf_io.load_hf(str(path))
-  return request.param, model, config, params
+    """(name, transformers model, our config, our params loaded through load_hf from its save)."""
+    model = make_hf_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    config, params = hf_io.load_hf(str(path))
+    return request.param, model, config, params
 
 
 def test_logits_match_transformers_left_padded(tiny):
-  _, model, config, params = tiny
-  ids, mask = left_padded_batch(config.vocab_size, [12, 7, 3, 12], seed=1)
-  ref = hf_logits(model, ids, mask)
-  ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, ids, mask))
-  valid = mask.astype(bool)
-  assert np.abs(ours - ref)[valid].max() <= 1e-4
-  # a left-padded row equals the same row unpadded
-  short = np.asarray(qwen2.forward(config, params, ids[2:3, -3:], mask[2:3, -3:]))
-  np.testing.assert_allclose(ours[2, -3:], short[0], atol=1e-5)
+    _, model, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [12, 7, 3, 12], seed=1)
+    ref = hf_logits(model, ids, mask)
+    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, ids, mask))
+    valid = mask.astype(bool)
+    assert np.abs(ours - ref)[valid].max() <= 1e-4
+    # a left-padded row equals the same row unpadded
+    short = np.asarray(qwen2.forward(config, params, ids[2:3, -3:], mask[2:3, -3:]))
+    np.testing.assert_allclose(ours[2, -3:], short[0], atol=1e-5)
 
 
 def test_config_read_from_json_matches(tiny):
-  name, model, config, _ = tiny
-  expect = TINY_CONFIGS[name]
-  assert config.rope_theta == expect["rope_theta"]
-  assert config.tie_word_embeddings == expect["tie_word_embeddings"]
-  assert config.head_dim == expect.get("head_dim", expect["hidden_size"] // expect["num_attention_heads"])
-  assert config.num_params() == sum(p.numel() for p in model.parameters())
+    name, model, config, _ = tiny
+    expect = TINY_CONFIGS[name]
+    assert config.rope_theta == expect["rope_theta"]
+    assert config.tie_word_embeddings == expect["tie_word_embeddings"]
+    assert config.head_dim == expect.get("head_dim", expect["hidden_size"] // expect["num_attention_heads"])
+    assert config.num_params() == sum(p.numel() for p in model.parameters())
 
 
 def test_rope_theta_read_from_top_level_or_rope_parameters():
-  base = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_attention_heads=2, num_hidden_layers=1)
-  assert qwen2.Qwen2Config.from_hf_dict({**base, "rope_theta": 123.0}).rope_theta == 123.0
-  assert qwen2.Qwen2Config.from_hf_dict({**base, "rope_parameters": {"rope_theta": 77.0}}).rope_theta == 77.0
+    base = dict(
+        vocab_size=10, hidden_size=8, intermediate_size=16, num_attention_heads=2, num_hidden_layers=1
+    )
+    assert qwen2.Qwen2Config.from_hf_dict({**base, "rope_theta": 123.0}).rope_theta == 123.0
+    assert (
+        qwen2.Qwen2Config.from_hf_dict({**base, "rope_parameters": {"rope_theta": 77.0}}).rope_theta == 77.0
+    )
 
 
 def test_presets_param_counts_equal_transformers():
-  for name, config in qwen2.PRESETS.items():
-    hf = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
-    with torch.device("meta"):
-      model = Qwen2ForCausalLM(HFConfig(**hf))
-    assert config.num_params() == sum(p.numel() for p in model.parameters()), name
-  assert qwen2.preset("qwen2.5-7b").num_params() == 7_615_616_512  # the published count
-  with pytest.raises(KeyError, match="qwen2.5-7b"):
-    qwen2.preset("qwen2.5-8b")
+    for name, config in qwen2.PRESETS.items():
+        hf = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(HFConfig(**hf))
+        assert config.num_params() == sum(p.numel() for p in model.parameters()), name
+    assert qwen2.preset("qwen2.5-7b").num_params() == 7_615_616_512  # the published count
+    with pytest.raises(KeyError, match="qwen2.5-7b"):
+        qwen2.preset("qwen2.5-8b")
 
 
 def test_kv_cache_decode_equals_full_forward(tiny):
-  """Prefill left-padded prompts, decode 20 greedy tokens, compare every step to a full forward."""
-  _, _, config, params = tiny
-  ids, mask = left_padded_batch(config.vocab_size, [9, 4, 6], seed=2)
-  steps, max_len = 20, 40
-  prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
-  step = jax.jit(qwen2.decode_step, static_argnums=0)
-  logits, cache = prefill(config, params, ids, mask, max_len)
-  seq, seq_mask, step_logits = ids, mask, [np.asarray(logits)]
-  for _ in range(steps):
-    tok = np.asarray(jnp.argmax(logits, -1))
-    seq = np.concatenate([seq, tok[:, None]], 1)
-    seq_mask = np.concatenate([seq_mask, np.ones_like(tok)[:, None]], 1)
-    logits, cache = step(config, params, cache, tok)
-    step_logits.append(np.asarray(logits))
-  full = np.asarray(qwen2.forward(config, params, seq, seq_mask))
-  t0 = ids.shape[1]
-  for i, lg in enumerate(step_logits):
-    np.testing.assert_allclose(lg, full[:, t0 - 1 + i], atol=2e-4, err_msg=f"step {i}")
-  np.testing.assert_array_equal(np.asarray(cache["lengths"]), mask.sum(1) + steps)
+    """Prefill left-padded prompts, decode 20 greedy tokens, compare every step to a full forward."""
+    _, _, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [9, 4, 6], seed=2)
+    steps, max_len = 20, 40
+    prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
+    step = jax.jit(qwen2.decode_step, static_argnums=0)
+    logits, cache = prefill(config, params, ids, mask, max_len)
+    seq, seq_mask, step_logits = ids, mask, [np.asarray(logits)]
+    for _ in range(steps):
+        tok = np.asarray(jnp.argmax(logits, -1))
+        seq = np.concatenate([seq, tok[:, None]], 1)
+        seq_mask = np.concatenate([seq_mask, np.ones_like(tok)[:, None]], 1)
+        logits, cache = step(config, params, cache, tok)
+        step_logits.append(np.asarray(logits))
+    full = np.asarray(qwen2.forward(config, params, seq, seq_mask))
+    t0 = ids.shape[1]
+    for i, lg in enumerate(step_logits):
+        np.testing.assert_allclose(lg, full[:, t0 - 1 + i], atol=2e-4, err_msg=f"step {i}")
+    np.testing.assert_array_equal(np.asarray(cache["lengths"]), mask.sum(1) + steps)
 
 
 def test_extend_appends_at_each_rows_own_offset(tiny):
-  """Rows append chunks of different lengths (padding anywhere); inactive rows do not move."""
-  _, _, config, params = tiny
-  rng = np.random.default_rng(3)
-  v = config.vocab_size
-  prompts = [rng.integers(0, v, n) for n in (5, 3, 7)]
-  chunks = [rng.integers(0, v, n) for n in (4, 0, 2)]
-  nexts = [rng.integers(0, v, 1) for _ in range(3)]
-  ids, mask = left_padded_batch(v, [5, 3, 7])
-  for b, p in enumerate(prompts):
-    ids[b, ids.shape[1] - len(p):] = p
-  _, cache = qwen2.prefill(config, params, ids, mask, 32)
-  chunk_ids = np.zeros((3, 6), np.int64)
-  chunk_mask = np.zeros((3, 6), np.int64)
-  chunk_ids[0, [0, 2, 3, 5]] = chunks[0]; chunk_mask[0, [0, 2, 3, 5]] = 1  # holes inside the chunk
-  chunk_ids[2, 4:] = chunks[2]; chunk_mask[2, 4:] = 1                         # left padded
-  _, cache = qwen2.extend(config, params, cache, chunk_ids, chunk_mask)
-  logits, cache = qwen2.decode_step(config, params, cache, np.concatenate(nexts))
-  for b in range(3):
-    seq = np.concatenate([prompts[b], chunks[b], nexts[b]])[None]
-    ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
-    np.testing.assert_allclose(np.asarray(logits[b]), ref, atol=2e-4, err_msg=f"row {b}")
-  assert list(np.asarray(cache["lengths"])) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
+    """Rows append chunks of different lengths (padding anywhere); inactive rows do not move."""
+    _, _, config, params = tiny
+    rng = np.random.default_rng(3)
+    v = config.vocab_size
+    prompts = [rng.integers(0, v, n) for n in (5, 3, 7)]
+    chunks = [rng.integers(0, v, n) for n in (4, 0, 2)]
+    nexts = [rng.integers(0, v, 1) for _ in range(3)]
+    ids, mask = left_padded_batch(v, [5, 3, 7])
+    for b, p in enumerate(prompts):
+        ids[b, ids.shape[1] - len(p) :] = p
+    _, cache = qwen2.prefill(config, params, ids, mask, 32)
+    chunk_ids = np.zeros((3, 6), np.int64)
+    chunk_mask = np.zeros((3, 6), np.int64)
+    chunk_ids[0, [0, 2, 3, 5]] = chunks[0]
+    chunk_mask[0, [0, 2, 3, 5]] = 1  # holes inside the chunk
+    chunk_ids[2, 4:] = chunks[2]
+    chunk_mask[2, 4:] = 1  # left padded
+    _, cache = qwen2.extend(config, params, cache, chunk_ids, chunk_mask)
+    logits, cache = qwen2.decode_step(config, params, cache, np.concatenate(nexts))
+    for b in range(3):
+        seq = np.concatenate([prompts[b], chunks[b], nexts[b]])[None]
+        ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
+        np.testing.assert_allclose(np.asarray(logits[b]), ref, atol=2e-4, err_msg=f"row {b}")
+    assert list(np.asarray(cache["lengths"])) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
 
 
 def test_token_logprobs_equal_numpy_log_softmax(tiny):
-  _, _, config, params = tiny
-  config = config.replace(logprob_chunk=4)  # several chunks plus a ragged tail over T=11
-  ids, mask = left_padded_batch(config.vocab_size, [11, 6], seed=4)
-  targets = np.roll(ids, -1, axis=1)
-  logits = np.asarray(qwen2.forward(config, params, ids, mask), np.float64)
-  logp_ref = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-      - logits.max(-1, keepdims=True)
-  picked = np.take_along_axis(logp_ref, targets[..., None], -1)[..., 0]
-  entropy = -(np.exp(logp_ref) * logp_ref).sum(-1)
-  logp, ent = qwen2.token_logprobs(config, params, ids, mask, targets, return_entropy=True)
-  valid = mask.astype(bool)
-  np.testing.assert_allclose(np.asarray(logp)[valid], picked[valid], atol=1e-4)
-  np.testing.assert_allclose(np.asarray(ent)[valid], entropy[valid], atol=1e-4)
+    _, _, config, params = tiny
+    config = config.replace(logprob_chunk=4)  # several chunks plus a ragged tail over T=11
+    ids, mask = left_padded_batch(config.vocab_size, [11, 6], seed=4)
+    targets = np.roll(ids, -1, axis=1)
+    logits = np.asarray(qwen2.forward(config, params, ids, mask), np.float64)
+    logp_ref = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
+    picked = np.take_along_axis(logp_ref, targets[..., None], -1)[..., 0]
+    entropy = -(np.exp(logp_ref) * logp_ref).sum(-1)
+    logp, ent = qwen2.token_logprobs(config, params, ids, mask, targets, return_entropy=True)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(logp)[valid], picked[valid], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(ent)[valid], entropy[valid], atol=1e-4)
 
 
 def test_bf16_forward_close_to_fp32(tiny):
-  _, _, config, params = tiny
-  ids, mask = left_padded_batch(config.vocab_size, [10, 5], seed=5)
-  ref = np.asarray(qwen2.forward(config, params, ids, mask))
-  cfg16 = config.replace(dtype="bfloat16", param_dtype="bfloat16")
-  p16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
-  out = np.asarray(qwen2.forward(cfg16, p16, ids, mask))
-  assert out.dtype == np.float32  # logits come back in fp32
-  valid = mask.astype(bool)
-  err = np.abs(out - ref)[valid]
-  scale = np.abs(ref[valid]).max()
-  assert err.max() <= 0.05 * scale, (err.max(), scale)  # bf16 has an 8-bit mantissa
-  assert err.max() > 0  # it really ran in bf16
+    _, _, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [10, 5], seed=5)
+    ref = np.asarray(qwen2.forward(config, params, ids, mask))
+    cfg16 = config.replace(dtype="bfloat16", param_dtype="bfloat16")
+    p16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+    out = np.asarray(qwen2.forward(cfg16, p16, ids, mask))
+    assert out.dtype == np.float32  # logits come back in fp32
+    valid = mask.astype(bool)
+    err = np.abs(out - ref)[valid]
+    scale = np.abs(ref[valid]).max()
+    assert err.max() <= 0.05 * scale, (err.max(), scale)  # bf16 has an 8-bit mantissa
+    assert err.max() > 0  # it really ran in bf16
 
 
 def test_remat_gives_same_gradients(tiny):
-  _, _, config, params = tiny
-  ids, mask = left_padded_batch(config.vocab_size, [8, 5], seed=6)
+    _, _, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [8, 5], seed=6)
 
-  def loss(p, cfg):
-    return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
+    def loss(p, cfg):
+        return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
 
-  g = jax.grad(loss)(params, config)
-  g_remat = jax.grad(loss)(params, config.replace(remat=True))
-  for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_remat)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    g = jax.grad(loss)(params, config)
+    g_remat = jax.grad(loss)(params, config.replace(remat=True))
+    for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_remat)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def test_every_param_has_logical_axes():
-  config = qwen2.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_attention_heads=4,
-                             num_key_value_heads=2, num_hidden_layers=2)
-  params = qwen2.init_params(config, jax.random.PRNGKey(0))
-  axes = qwen2.logical_axes(config)
-  flat_p = jax.tree_util.tree_leaves_with_path(params)
-  flat_a = dict(jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-  for path, leaf in flat_p:
-    spec = flat_a[path]
-    assert len(spec) == leaf.ndim, (path, spec)
-  assert flat_a[next(p for p, _ in flat_p if "q_kernel" in str(p))] == jax.sharding.PartitionSpec(
-      "embed", "heads", "head_dim")
+    config = qwen2.Qwen2Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=24,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+    )
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    axes = qwen2.logical_axes(config)
+    flat_p = jax.tree_util.tree_leaves_with_path(params)
+    flat_a = dict(
+        jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    )
+    for path, leaf in flat_p:
+        spec = flat_a[path]
+        assert len(spec) == leaf.ndim, (path, spec)
+    assert flat_a[next(p for p, _ in flat_p if "q_kernel" in str(p))] == jax.sharding.PartitionSpec(
+        "embed", "heads", "head_dim"
+    )

@@ -30,6 +30,7 @@ valid tokens in slots [0, lengths[b]) and its next token has position lengths[b]
 chunk of tokens per row (padding anywhere in the chunk is skipped), which serves prefill (empty
 cache), one-token decode and appending retrieved observations at each row's own offset.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,109 +48,157 @@ _NEG = -1e30  # finite "minus infinity" for masked logits: a fully masked (paddi
 
 @dataclasses.dataclass(frozen=True)
 class Qwen2Config:
-  """Architecture and numerics of a Qwen2 decoder. Frozen: usable as a static jit argument."""
-  vocab_size: int
-  hidden_size: int
-  intermediate_size: int
-  num_attention_heads: int
-  num_key_value_heads: int
-  num_hidden_layers: int
-  rms_norm_eps: float = 1e-6
-  rope_theta: float = 1_000_000.0
-  max_position_embeddings: int = 32768
-  tie_word_embeddings: bool = False
-  head_dim: int | None = None  # None: hidden_size // num_attention_heads
-  dtype: str = "float32"  # compute dtype of matmuls and activations
-  param_dtype: str = "float32"
-  remat: bool = False  # rematerialise each decoder layer in the backward pass
-  logprob_chunk: int = 256  # sequence chunk of `token_logprobs` (bounds the [B, chunk, V] temporary)
+    """Architecture and numerics of a Qwen2 decoder. Frozen: usable as a static jit argument."""
 
-  def __post_init__(self):
-    if self.num_attention_heads % self.num_key_value_heads:
-      raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                       f"num_key_value_heads={self.num_key_value_heads}")
-    if self.head_dim is None:
-      if self.hidden_size % self.num_attention_heads:
-        raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of "
-                         f"num_attention_heads={self.num_attention_heads}; set head_dim")
-      object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-    for field in ("dtype", "param_dtype"):
-      if getattr(self, field) not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"Qwen2Config.{field}={getattr(self, field)!r}: expected float32, bfloat16 or float16")
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    dtype: str = "float32"  # compute dtype of matmuls and activations
+    param_dtype: str = "float32"
+    remat: bool = False  # rematerialise each decoder layer in the backward pass
+    logprob_chunk: int = 256  # sequence chunk of `token_logprobs` (bounds the [B, chunk, V] temporary)
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
+    def __post_init__(self):
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not a multiple of "
+                    f"num_attention_heads={self.num_attention_heads}; set head_dim"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        for field in ("dtype", "param_dtype"):
+            if getattr(self, field) not in ("float32", "bfloat16", "float16"):
+                raise ValueError(
+                    f"Qwen2Config.{field}={getattr(self, field)!r}: expected float32, bfloat16 or float16"
+                )
 
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
 
-  def replace(self, **changes) -> "Qwen2Config":
-    return dataclasses.replace(self, **changes)
+    @property
+    def weight_dtype(self):
+        return jnp.dtype(self.param_dtype)
 
-  def num_params(self) -> int:
-    e, f, h, k, d, v = (self.hidden_size, self.intermediate_size, self.num_attention_heads,
-                        self.num_key_value_heads, self.head_dim, self.vocab_size)
-    attn = e * h * d + h * d + 2 * (e * k * d + k * d) + h * d * e
-    layer = attn + 3 * e * f + 2 * e
-    return v * e * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + e
+    def replace(self, **changes) -> "Qwen2Config":
+        return dataclasses.replace(self, **changes)
 
-  @classmethod
-  def from_hf_dict(cls, cfg: dict, **overrides) -> "Qwen2Config":
-    """From a transformers config.json dict (rope_theta top-level or inside `rope_parameters`)."""
-    rope_theta = cfg.get("rope_theta")
-    if rope_theta is None:
-      rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                           "num_hidden_layers") if k not in cfg]
-    if missing:
-      raise ValueError(f"config.json lacks field(s) {missing}")
-    if cfg.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"config.json field hidden_act={cfg['hidden_act']!r}: only 'silu' is supported")
-    kwargs = dict(
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"], num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        num_hidden_layers=cfg["num_hidden_layers"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=float(rope_theta), max_position_embeddings=cfg.get("max_position_embeddings", 32768),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), head_dim=cfg.get("head_dim"))
-    kwargs.update(overrides)
-    return cls(**kwargs)
+    def num_params(self) -> int:
+        e, f, h, k, d, v = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.vocab_size,
+        )
+        attn = e * h * d + h * d + 2 * (e * k * d + k * d) + h * d * e
+        layer = attn + 3 * e * f + 2 * e
+        return v * e * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + e
 
-  @classmethod
-  def from_hf_json(cls, path: str, **overrides) -> "Qwen2Config":
-    with open(path) as f:
-      try:
-        cfg = json.load(f)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    try:
-      return cls.from_hf_dict(cfg, **overrides)
-    except ValueError as e:
-      raise ValueError(f"{path}: {e}") from None
+    @classmethod
+    def from_hf_dict(cls, cfg: dict, **overrides) -> "Qwen2Config":
+        """From a transformers config.json dict (rope_theta top-level or inside `rope_parameters`)."""
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None:
+            rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        missing = [
+            k
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_hidden_layers",
+            )
+            if k not in cfg
+        ]
+        if missing:
+            raise ValueError(f"config.json lacks field(s) {missing}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json field hidden_act={cfg['hidden_act']!r}: only 'silu' is supported")
+        kwargs = dict(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=cfg.get("head_dim"),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
 
-  def to_hf_dict(self) -> dict:
-    """The config.json that transformers' Qwen2ForCausalLM reads."""
-    return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
-        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
-        "num_key_value_heads": self.num_key_value_heads, "num_hidden_layers": self.num_hidden_layers,
-        "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-        "max_position_embeddings": self.max_position_embeddings,
-        "tie_word_embeddings": self.tie_word_embeddings, "attention_dropout": 0.0,
-        "use_sliding_window": False, "use_cache": True, "bos_token_id": 151643, "eos_token_id": 151645,
-        "torch_dtype": self.param_dtype, "initializer_range": 0.02,
-    }
+    @classmethod
+    def from_hf_json(cls, path: str, **overrides) -> "Qwen2Config":
+        with open(path) as f:
+            try:
+                cfg = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+        try:
+            return cls.from_hf_dict(cfg, **overrides)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def to_hf_dict(self) -> dict:
+        """The config.json that transformers' Qwen2ForCausalLM reads."""
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_act": "silu",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "num_hidden_layers": self.num_hidden_layers,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "use_cache": True,
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+            "torch_dtype": self.param_dtype,
+            "initializer_range": 0.02,
+        }
 
 
 def _preset(hidden, inter, heads, kv, layers, eps, tied, vocab) -> Qwen2Config:
-  return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                     num_attention_heads=heads, num_key_value_heads=kv, num_hidden_layers=layers,
-                     rms_norm_eps=eps, tie_word_embeddings=tied, rope_theta=1e6,
-                     max_position_embeddings=32768)
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        num_hidden_layers=layers,
+        rms_norm_eps=eps,
+        tie_word_embeddings=tied,
+        rope_theta=1e6,
+        max_position_embeddings=32768,
+    )
 
 
 # From the published config.json of each Qwen2.5 checkpoint.
@@ -163,317 +212,353 @@ PRESETS: dict[str, Qwen2Config] = {
 
 
 def preset(name: str, **overrides) -> Qwen2Config:
-  if name not in PRESETS:
-    raise KeyError(f"unknown Qwen2 preset {name!r}; known: {sorted(PRESETS)}")
-  return PRESETS[name].replace(**overrides)
+    if name not in PRESETS:
+        raise KeyError(f"unknown Qwen2 preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)
 
 
 # ----------------------------------------------------------------------------------------------
 # Modules
 # ----------------------------------------------------------------------------------------------
 
+
 def _param(module: nn.Module, name: str, shape, axes, init, dtype):
-  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
 def _constrain(x, axes):
-  return nn.with_logical_constraint(x, axes)
+    return nn.with_logical_constraint(x, axes)
 
 
 class RMSNorm(nn.Module):
-  """x / rms(x) * scale, computed in fp32, returned in the compute dtype."""
-  config: Qwen2Config
+    """x / rms(x) * scale, computed in fp32, returned in the compute dtype."""
 
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    scale = _param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones, cfg.weight_dtype)
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
-    # transformers casts back to the input dtype before multiplying by the weight
-    return (scale.astype(cfg.compute_dtype) * x32.astype(cfg.compute_dtype))
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        scale = _param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones, cfg.weight_dtype)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.rms_norm_eps)
+        # transformers casts back to the input dtype before multiplying by the weight
+        return scale.astype(cfg.compute_dtype) * x32.astype(cfg.compute_dtype)
 
 
 def rope_tables(config: Qwen2Config, positions):
-  """cos, sin of shape [B, T, D] for integer positions [B, T] (rotate-half convention)."""
-  d = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-  emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return jnp.cos(emb), jnp.sin(emb)
+    """cos, sin of shape [B, T, D] for integer positions [B, T] (rotate-half convention)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
 
 
 def apply_rope(x, cos, sin):
-  """x [B, T, N, D]; cos/sin [B, T, D]."""
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  out = x.astype(jnp.float32) * cos[:, :, None] + rotated.astype(jnp.float32) * sin[:, :, None]
-  return out.astype(x.dtype)
+    """x [B, T, N, D]; cos/sin [B, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    out = x.astype(jnp.float32) * cos[:, :, None] + rotated.astype(jnp.float32) * sin[:, :, None]
+    return out.astype(x.dtype)
 
 
 def attend(q, k, v, mask):
-  """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
+    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
 
-  Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
-  """
-  b, t, h, d = q.shape
-  kvh = k.shape[2]
-  q = q.reshape(b, t, kvh, h // kvh, d)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (d ** -0.5)
-  scores = jnp.where(mask[:, None, None], scores, _NEG)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, h, d)
+    Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
+    """
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    q = q.reshape(b, t, kvh, h // kvh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (d**-0.5)
+    scores = jnp.where(mask[:, None, None], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
 
 
 class Attention(nn.Module):
-  config: Qwen2Config
+    config: Qwen2Config
 
-  @nn.compact
-  def __call__(self, x, cos, sin, mask, kv_write):
-    """x [B, T, E]. kv_write(k, v) -> (k_all, v_all, extra): how the chunk's keys meet the context."""
-    cfg = self.config
-    e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    init = nn.initializers.normal(0.02)
-    wq = _param(self, "q_kernel", (e, h, d), ("embed", "heads", "head_dim"), init, cfg.weight_dtype)
-    bq = _param(self, "q_bias", (h, d), ("heads", "head_dim"), nn.initializers.zeros, cfg.weight_dtype)
-    wkv = _param(self, "kv_kernel", (e, 2, kvh, d), ("embed", None, "kv_heads", "head_dim"), init,
-                 cfg.weight_dtype)
-    bkv = _param(self, "kv_bias", (2, kvh, d), (None, "kv_heads", "head_dim"), nn.initializers.zeros,
-                 cfg.weight_dtype)
-    wo = _param(self, "o_kernel", (h, d, e), ("heads", "head_dim", "embed"), init, cfg.weight_dtype)
-    dt = cfg.compute_dtype
-    q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt)) + bq.astype(dt)
-    kv = jnp.einsum("bte,ejkd->btjkd", x, wkv.astype(dt)) + bkv.astype(dt)
-    q = _constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
-    k = _constrain(apply_rope(kv[:, :, 0], cos, sin), ("batch", "length", "kv_heads", "head_dim"))
-    v = _constrain(kv[:, :, 1], ("batch", "length", "kv_heads", "head_dim"))
-    k_all, v_all, new_kv = kv_write(k, v)
-    out = attend(q, k_all, v_all, mask)
-    return jnp.einsum("bthd,hde->bte", out, wo.astype(dt)), new_kv
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, kv_write):
+        """x [B, T, E]. kv_write(k, v) -> (k_all, v_all, extra): how the chunk's keys meet the context."""
+        cfg = self.config
+        e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        init = nn.initializers.normal(0.02)
+        wq = _param(self, "q_kernel", (e, h, d), ("embed", "heads", "head_dim"), init, cfg.weight_dtype)
+        bq = _param(self, "q_bias", (h, d), ("heads", "head_dim"), nn.initializers.zeros, cfg.weight_dtype)
+        wkv = _param(
+            self, "kv_kernel", (e, 2, kvh, d), ("embed", None, "kv_heads", "head_dim"), init, cfg.weight_dtype
+        )
+        bkv = _param(
+            self,
+            "kv_bias",
+            (2, kvh, d),
+            (None, "kv_heads", "head_dim"),
+            nn.initializers.zeros,
+            cfg.weight_dtype,
+        )
+        wo = _param(self, "o_kernel", (h, d, e), ("heads", "head_dim", "embed"), init, cfg.weight_dtype)
+        dt = cfg.compute_dtype
+        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt)) + bq.astype(dt)
+        kv = jnp.einsum("bte,ejkd->btjkd", x, wkv.astype(dt)) + bkv.astype(dt)
+        q = _constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
+        k = _constrain(apply_rope(kv[:, :, 0], cos, sin), ("batch", "length", "kv_heads", "head_dim"))
+        v = _constrain(kv[:, :, 1], ("batch", "length", "kv_heads", "head_dim"))
+        k_all, v_all, new_kv = kv_write(k, v)
+        out = attend(q, k_all, v_all, mask)
+        return jnp.einsum("bthd,hde->bte", out, wo.astype(dt)), new_kv
 
 
 class MLP(nn.Module):
-  config: Qwen2Config
+    config: Qwen2Config
 
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    e, f = cfg.hidden_size, cfg.intermediate_size
-    init = nn.initializers.normal(0.02)
-    w_gu = _param(self, "gate_up_kernel", (e, 2, f), ("embed", None, "mlp"), init, cfg.weight_dtype)
-    w_down = _param(self, "down_kernel", (f, e), ("mlp", "embed"), init, cfg.weight_dtype)
-    dt = cfg.compute_dtype
-    gu = jnp.einsum("bte,ejf->btjf", x, w_gu.astype(dt))
-    hidden = _constrain(nn.silu(gu[:, :, 0]) * gu[:, :, 1], ("batch", "length", "mlp"))
-    return jnp.einsum("btf,fe->bte", hidden, w_down.astype(dt))
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        e, f = cfg.hidden_size, cfg.intermediate_size
+        init = nn.initializers.normal(0.02)
+        w_gu = _param(self, "gate_up_kernel", (e, 2, f), ("embed", None, "mlp"), init, cfg.weight_dtype)
+        w_down = _param(self, "down_kernel", (f, e), ("mlp", "embed"), init, cfg.weight_dtype)
+        dt = cfg.compute_dtype
+        gu = jnp.einsum("bte,ejf->btjf", x, w_gu.astype(dt))
+        hidden = _constrain(nn.silu(gu[:, :, 0]) * gu[:, :, 1], ("batch", "length", "mlp"))
+        return jnp.einsum("btf,fe->bte", hidden, w_down.astype(dt))
 
 
 class DecoderLayer(nn.Module):
-  config: Qwen2Config
+    config: Qwen2Config
 
-  @nn.compact
-  def __call__(self, x, cos, sin, mask, kv_write):
-    attn_out, new_kv = Attention(self.config, name="attn")(
-        RMSNorm(self.config, name="input_norm")(x), cos, sin, mask, kv_write)
-    x = x + attn_out
-    x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="post_attn_norm")(x))
-    return _constrain(x, ("batch", "length", "embed")), new_kv
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, kv_write):
+        attn_out, new_kv = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="input_norm")(x), cos, sin, mask, kv_write
+        )
+        x = x + attn_out
+        x = x + MLP(self.config, name="mlp")(RMSNorm(self.config, name="post_attn_norm")(x))
+        return _constrain(x, ("batch", "length", "embed")), new_kv
 
 
 class Qwen2(nn.Module):
-  """The decoder. `__call__` returns final hidden states [B, T, E] and the new KV per layer."""
-  config: Qwen2Config
+    """The decoder. `__call__` returns final hidden states [B, T, E] and the new KV per layer."""
 
-  def setup(self):
-    cfg = self.config
-    self.embedding = self.param(
-        "embedding", nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
-        (cfg.vocab_size, cfg.hidden_size), cfg.weight_dtype)
-    layer_cls = nn.remat(DecoderLayer, static_argnums=(5,)) if cfg.remat else DecoderLayer
-    self.layers = [layer_cls(cfg, name=f"layers_{i}") for i in range(cfg.num_hidden_layers)]
-    self.final_norm = RMSNorm(cfg, name="final_norm")
-    if not cfg.tie_word_embeddings:
-      self.lm_head = self.param(
-          "lm_head", nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
-          (cfg.hidden_size, cfg.vocab_size), cfg.weight_dtype)
+    config: Qwen2Config
 
-  def __call__(self, input_ids, positions, mask, kv_writes):
-    """input_ids, positions [B, T]; mask [B, T, S]; kv_writes: one callable per layer."""
-    x = jnp.take(self.embedding, input_ids, axis=0).astype(self.config.compute_dtype)
-    x = _constrain(x, ("batch", "length", "embed"))
-    cos, sin = rope_tables(self.config, positions)
-    new_kvs = []
-    for layer, kv_write in zip(self.layers, kv_writes):
-      x, new_kv = layer(x, cos, sin, mask, kv_write)
-      new_kvs.append(new_kv)
-    return self.final_norm(x), new_kvs
+    def setup(self):
+        cfg = self.config
+        self.embedding = self.param(
+            "embedding",
+            nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
+            (cfg.vocab_size, cfg.hidden_size),
+            cfg.weight_dtype,
+        )
+        layer_cls = nn.remat(DecoderLayer, static_argnums=(5,)) if cfg.remat else DecoderLayer
+        self.layers = [layer_cls(cfg, name=f"layers_{i}") for i in range(cfg.num_hidden_layers)]
+        self.final_norm = RMSNorm(cfg, name="final_norm")
+        if not cfg.tie_word_embeddings:
+            self.lm_head = self.param(
+                "lm_head",
+                nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
+                (cfg.hidden_size, cfg.vocab_size),
+                cfg.weight_dtype,
+            )
 
-  def logits(self, hidden):
-    """hidden [..., E] -> logits [..., V] in fp32."""
-    w = self.embedding.T if self.config.tie_word_embeddings else self.lm_head
-    dt = self.config.compute_dtype
-    return jnp.einsum("...e,ev->...v", hidden.astype(dt), w.astype(dt),
-                      preferred_element_type=jnp.float32)
+    def __call__(self, input_ids, positions, mask, kv_writes):
+        """input_ids, positions [B, T]; mask [B, T, S]; kv_writes: one callable per layer."""
+        x = jnp.take(self.embedding, input_ids, axis=0).astype(self.config.compute_dtype)
+        x = _constrain(x, ("batch", "length", "embed"))
+        cos, sin = rope_tables(self.config, positions)
+        new_kvs = []
+        for layer, kv_write in zip(self.layers, kv_writes):
+            x, new_kv = layer(x, cos, sin, mask, kv_write)
+            new_kvs.append(new_kv)
+        return self.final_norm(x), new_kvs
 
-  def init_all(self, input_ids):
-    positions = jnp.zeros_like(input_ids)
-    t = input_ids.shape[1]
-    mask = jnp.ones((input_ids.shape[0], t, t), bool)
-    writes = [lambda k, v: (k, v, None)] * self.config.num_hidden_layers
-    hidden, _ = self(input_ids, positions, mask, writes)
-    return self.logits(hidden)
+    def logits(self, hidden):
+        """hidden [..., E] -> logits [..., V] in fp32."""
+        w = self.embedding.T if self.config.tie_word_embeddings else self.lm_head
+        dt = self.config.compute_dtype
+        return jnp.einsum(
+            "...e,ev->...v", hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32
+        )
+
+    def init_all(self, input_ids):
+        positions = jnp.zeros_like(input_ids)
+        t = input_ids.shape[1]
+        mask = jnp.ones((input_ids.shape[0], t, t), bool)
+        writes = [lambda k, v: (k, v, None)] * self.config.num_hidden_layers
+        hidden, _ = self(input_ids, positions, mask, writes)
+        return self.logits(hidden)
 
 
 # ----------------------------------------------------------------------------------------------
 # Pure entry points
 # ----------------------------------------------------------------------------------------------
 
+
 def init_params(config: Qwen2Config, rng) -> Params:
-  """Random params (normal(0.02) kernels, zero biases, unit norms) as a plain nested dict."""
-  dummy = jnp.zeros((1, 1), jnp.int32)
-  variables = Qwen2(config).init(rng, dummy, method=Qwen2.init_all)
-  return nn.meta.unbox(variables["params"])
+    """Random params (normal(0.02) kernels, zero biases, unit norms) as a plain nested dict."""
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    variables = Qwen2(config).init(rng, dummy, method=Qwen2.init_all)
+    return nn.meta.unbox(variables["params"])
 
 
 def logical_axes(config: Qwen2Config) -> Params:
-  """The logical axis names of every parameter: a pytree of `nn.Partitioned`-free tuples."""
-  dummy = jnp.zeros((1, 1), jnp.int32)
-  boxed = jax.eval_shape(lambda: Qwen2(config).init(jax.random.PRNGKey(0), dummy,
-                                                    method=Qwen2.init_all))["params"]
-  return nn.get_partition_spec(boxed)
+    """The logical axis names of every parameter: a pytree of `nn.Partitioned`-free tuples."""
+    dummy = jnp.zeros((1, 1), jnp.int32)
+    boxed = jax.eval_shape(lambda: Qwen2(config).init(jax.random.PRNGKey(0), dummy, method=Qwen2.init_all))[
+        "params"
+    ]
+    return nn.get_partition_spec(boxed)
 
 
 def positions_from_mask(attention_mask):
-  """Position ids [B, T] = number of earlier valid tokens (left padding gets position 0)."""
-  return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+    """Position ids [B, T] = number of earlier valid tokens (left padding gets position 0)."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
 def _hidden(config, params, input_ids, attention_mask):
-  """Final hidden states [B, T, E] of a full (cache-free) causal pass."""
-  attention_mask = attention_mask.astype(bool)
-  t = input_ids.shape[1]
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  mask = causal[None] & attention_mask[:, None, :]
-  writes = [lambda k, v: (k, v, None)] * config.num_hidden_layers
-  hidden, _ = Qwen2(config).apply({"params": params}, input_ids,
-                                  positions_from_mask(attention_mask), mask, writes)
-  return hidden
+    """Final hidden states [B, T, E] of a full (cache-free) causal pass."""
+    attention_mask = attention_mask.astype(bool)
+    t = input_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    mask = causal[None] & attention_mask[:, None, :]
+    writes = [lambda k, v: (k, v, None)] * config.num_hidden_layers
+    hidden, _ = Qwen2(config).apply(
+        {"params": params}, input_ids, positions_from_mask(attention_mask), mask, writes
+    )
+    return hidden
 
 
 def forward(config: Qwen2Config, params: Params, input_ids, attention_mask=None):
-  """Logits [B, T, V] (fp32) for input_ids [B, T]; attention_mask [B, T] (1 = token, 0 = padding).
+    """Logits [B, T, V] (fp32) for input_ids [B, T]; attention_mask [B, T] (1 = token, 0 = padding).
 
-  Positions come from the mask, so left-padded rows give the same logits as unpadded ones.
-  """
-  if attention_mask is None:
-    attention_mask = jnp.ones_like(input_ids)
-  hidden = _hidden(config, params, input_ids, attention_mask)
-  return Qwen2(config).apply({"params": params}, hidden, method=Qwen2.logits)
+    Positions come from the mask, so left-padded rows give the same logits as unpadded ones.
+    """
+    if attention_mask is None:
+        attention_mask = jnp.ones_like(input_ids)
+    hidden = _hidden(config, params, input_ids, attention_mask)
+    return Qwen2(config).apply({"params": params}, hidden, method=Qwen2.logits)
 
 
-def token_logprobs(config: Qwen2Config, params: Params, input_ids, attention_mask, targets,
-                   return_entropy: bool = False):
-  """log p(targets[b, t] | input_ids[b, :t+1]) as [B, T] fp32 (and the entropy [B, T] if asked).
+def token_logprobs(
+    config: Qwen2Config, params: Params, input_ids, attention_mask, targets, return_entropy: bool = False
+):
+    """log p(targets[b, t] | input_ids[b, :t+1]) as [B, T] fp32 (and the entropy [B, T] if asked).
 
-  The LM head and log-softmax run in sequence chunks of `config.logprob_chunk` under `lax.map`, so the
-  largest temporary is [B, chunk, V], never a full [B, T, V] log-softmax.
-  """
-  hidden = _hidden(config, params, input_ids, attention_mask)
-  b, t, e = hidden.shape
-  chunk = min(config.logprob_chunk, t)
-  pad = (-t) % chunk
-  hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-  tgt = jnp.pad(targets, ((0, 0), (0, pad)))
-  n = (t + pad) // chunk
-  hidden = hidden.reshape(b, n, chunk, e).swapaxes(0, 1)
-  tgt = tgt.reshape(b, n, chunk).swapaxes(0, 1)
+    The LM head and log-softmax run in sequence chunks of `config.logprob_chunk` under `lax.map`, so the
+    largest temporary is [B, chunk, V], never a full [B, T, V] log-softmax.
+    """
+    hidden = _hidden(config, params, input_ids, attention_mask)
+    b, t, e = hidden.shape
+    chunk = min(config.logprob_chunk, t)
+    pad = (-t) % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    tgt = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = (t + pad) // chunk
+    hidden = hidden.reshape(b, n, chunk, e).swapaxes(0, 1)
+    tgt = tgt.reshape(b, n, chunk).swapaxes(0, 1)
 
-  def one_chunk(args):
-    h, y = args
-    logits = Qwen2(config).apply({"params": params}, h, method=Qwen2.logits)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
-    if not return_entropy:
-      return picked - lse, jnp.zeros_like(lse)
-    probs = jnp.exp(logits - lse[..., None])
-    return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
+    def one_chunk(args):
+        h, y = args
+        logits = Qwen2(config).apply({"params": params}, h, method=Qwen2.logits)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
+        if not return_entropy:
+            return picked - lse, jnp.zeros_like(lse)
+        probs = jnp.exp(logits - lse[..., None])
+        return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
 
-  logp, ent = jax.lax.map(jax.checkpoint(one_chunk), (hidden, tgt))
-  logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-  ent = ent.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-  return (logp, ent) if return_entropy else logp
+    logp, ent = jax.lax.map(jax.checkpoint(one_chunk), (hidden, tgt))
+    logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    return (logp, ent) if return_entropy else logp
 
 
 # ----------------------------------------------------------------------------------------------
 # KV cache
 # ----------------------------------------------------------------------------------------------
 
+
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> dict:
-  """An empty cache: k, v [L, B, S, K, D] zeros in the compute dtype; lengths [B] int32 zeros."""
-  shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
-  dtype = dtype or config.compute_dtype
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-          "lengths": jnp.zeros((batch,), jnp.int32)}
+    """An empty cache: k, v [L, B, S, K, D] zeros in the compute dtype; lengths [B] int32 zeros."""
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    dtype = dtype or config.compute_dtype
+    return {
+        "k": jnp.zeros(shape, dtype),
+        "v": jnp.zeros(shape, dtype),
+        "lengths": jnp.zeros((batch,), jnp.int32),
+    }
 
 
-def extend(config: Qwen2Config, params: Params, cache: dict, tokens, token_mask=None,
-           all_logits: bool = False):
-  """Append tokens [B, T] (token_mask [B, T]: 1 = append, 0 = skip) to each row of the cache.
+def extend(
+    config: Qwen2Config, params: Params, cache: dict, tokens, token_mask=None, all_logits: bool = False
+):
+    """Append tokens [B, T] (token_mask [B, T]: 1 = append, 0 = skip) to each row of the cache.
 
-  Row b's valid tokens go, in order, to slots lengths[b], lengths[b]+1, ... with matching positions;
-  skipped entries write nothing. Returns (logits, new cache): logits [B, V] of each row's last appended
-  token (rows that append nothing get the logits of a padding query: ignore them), or [B, T, V] for
-  every chunk entry with `all_logits`. Slots past the cache end are dropped: size the cache.
-  """
-  if token_mask is None:
-    token_mask = jnp.ones_like(tokens)
-  token_mask = token_mask.astype(bool)
-  b, t = tokens.shape
-  s = cache["k"].shape[2]
-  offset = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1  # index among the row's valid tokens
-  slot = cache["lengths"][:, None] + offset                      # [B, T] slot (== position)
-  write_slot = jnp.where(token_mask, slot, s)                    # s: out of range, dropped
-  new_lengths = cache["lengths"] + token_mask.sum(axis=1, dtype=jnp.int32)
-  # query at slot p sees keys at slots <= p; skipped queries see slot 0 only (finite, ignored)
-  key_slots = jnp.arange(s)
-  q_slot = jnp.where(token_mask, slot, 0)
-  mask = key_slots[None, None, :] <= q_slot[:, :, None]
-  rows = jnp.arange(b)[:, None]
+    Row b's valid tokens go, in order, to slots lengths[b], lengths[b]+1, ... with matching positions;
+    skipped entries write nothing. Returns (logits, new cache): logits [B, V] of each row's last appended
+    token (rows that append nothing get the logits of a padding query: ignore them), or [B, T, V] for
+    every chunk entry with `all_logits`. Slots past the cache end are dropped: size the cache.
+    """
+    if token_mask is None:
+        token_mask = jnp.ones_like(tokens)
+    token_mask = token_mask.astype(bool)
+    b, t = tokens.shape
+    s = cache["k"].shape[2]
+    offset = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1  # index among the row's valid tokens
+    slot = cache["lengths"][:, None] + offset  # [B, T] slot (== position)
+    write_slot = jnp.where(token_mask, slot, s)  # s: out of range, dropped
+    new_lengths = cache["lengths"] + token_mask.sum(axis=1, dtype=jnp.int32)
+    # query at slot p sees keys at slots <= p; skipped queries see slot 0 only (finite, ignored)
+    key_slots = jnp.arange(s)
+    q_slot = jnp.where(token_mask, slot, 0)
+    mask = key_slots[None, None, :] <= q_slot[:, :, None]
+    rows = jnp.arange(b)[:, None]
 
-  def writer(layer):
-    def kv_write(k, v):
-      k_all = cache["k"][layer].at[rows, write_slot].set(k.astype(cache["k"].dtype), mode="drop")
-      v_all = cache["v"][layer].at[rows, write_slot].set(v.astype(cache["v"].dtype), mode="drop")
-      return k_all, v_all, (k_all, v_all)
-    return kv_write
+    def writer(layer):
+        def kv_write(k, v):
+            k_all = cache["k"][layer].at[rows, write_slot].set(k.astype(cache["k"].dtype), mode="drop")
+            v_all = cache["v"][layer].at[rows, write_slot].set(v.astype(cache["v"].dtype), mode="drop")
+            return k_all, v_all, (k_all, v_all)
 
-  model = Qwen2(config)
-  hidden, new_kvs = model.apply({"params": params}, tokens, jnp.maximum(slot, 0), mask,
-                                [writer(i) for i in range(config.num_hidden_layers)])
-  new_cache = {"k": jnp.stack([kv[0] for kv in new_kvs]), "v": jnp.stack([kv[1] for kv in new_kvs]),
-               "lengths": new_lengths}
-  if not all_logits:
-    # the last valid entry of each row's chunk is where its offset is largest
-    last_idx = jnp.argmax(jnp.where(token_mask, offset, -1), axis=1)
-    hidden = jnp.take_along_axis(hidden, last_idx[:, None, None], axis=1)[:, 0]
-  return model.apply({"params": params}, hidden, method=Qwen2.logits), new_cache
+        return kv_write
+
+    model = Qwen2(config)
+    hidden, new_kvs = model.apply(
+        {"params": params},
+        tokens,
+        jnp.maximum(slot, 0),
+        mask,
+        [writer(i) for i in range(config.num_hidden_layers)],
+    )
+    new_cache = {
+        "k": jnp.stack([kv[0] for kv in new_kvs]),
+        "v": jnp.stack([kv[1] for kv in new_kvs]),
+        "lengths": new_lengths,
+    }
+    if not all_logits:
+        # the last valid entry of each row's chunk is where its offset is largest
+        last_idx = jnp.argmax(jnp.where(token_mask, offset, -1), axis=1)
+        hidden = jnp.take_along_axis(hidden, last_idx[:, None, None], axis=1)[:, 0]
+    return model.apply({"params": params}, hidden, method=Qwen2.logits), new_cache
 
 
 def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_len: int):
-  """Encode prompts [B, T] (padding anywhere, usually left) into a fresh cache of max_len slots.
+    """Encode prompts [B, T] (padding anywhere, usually left) into a fresh cache of max_len slots.
 
-  Returns (logits [B, V] of each row's last prompt token, cache).
-  """
-  cache = init_cache(config, input_ids.shape[0], max_len)
-  return extend(config, params, cache, input_ids, attention_mask)
+    Returns (logits [B, V] of each row's last prompt token, cache).
+    """
+    cache = init_cache(config, input_ids.shape[0], max_len)
+    return extend(config, params, cache, input_ids, attention_mask)
 
 
 def decode_step(config: Qwen2Config, params: Params, cache: dict, token, active=None):
-  """One token per row: token [B] int; active [B] bool (inactive rows append nothing).
+    """One token per row: token [B] int; active [B] bool (inactive rows append nothing).
 
-  Returns (logits [B, V], cache).
-  """
-  mask = None if active is None else active[:, None]
-  return extend(config, params, cache, token[:, None], mask)
+    Returns (logits [B, V], cache).
+    """
+    mask = None if active is None else active[:, None]
+    return extend(config, params, cache, token[:, None], mask)
