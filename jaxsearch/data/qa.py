@@ -1,0 +1,252 @@
+"""QA datasets: FlashRAG JSONL / parquet and Search-R1 parquet rows -> `QAExample`, and the RL batch iterator.
+
+Accepted rows (one file per split, e.g. `nq/test.jsonl`):
+
+- FlashRAG: `{"id", "question", "golden_answers": [...], "metadata": {...}}` (`metadata` optional). Our
+  synthetic data puts the gold passage ids in `metadata["supporting_ids"]`.
+- Search-R1 (`scripts/data_process/nq_search.py`): the FlashRAG columns plus `data_source`, `prompt` (a chat
+  list whose user turn ends with "Question: {question}"), `ability`, `reward_model: {"style", "ground_truth":
+  {"target": [...]}}` and `extra_info: {"split", "index"}`. The answers come from `reward_model`; `id` and
+  `question` fall back to `{data_source}_{split}_{index}` and the prompt's question when absent.
+
+Reading streams: one JSON line or one parquet record batch at a time. Any bad row is a `QADataError` naming the
+file, the line (parquet: row) and the field; a file without examples is an error too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+SUFFIXES = (".jsonl", ".parquet")
+
+
+class QADataError(ValueError):
+    """A QA file that cannot be used; the message names the file, line (or row) and field."""
+
+
+@dataclasses.dataclass
+class QAExample:
+    """One question. `supporting_ids`: ids of the gold passages (None when the dataset has none)."""
+
+    id: str
+    question: str
+    golden_answers: list[str]
+    supporting_ids: list[str] | None = None
+    metadata: dict = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The FlashRAG row; `supporting_ids` goes into `metadata` when present."""
+        metadata = dict(self.metadata)
+        if self.supporting_ids is not None:
+            metadata["supporting_ids"] = list(self.supporting_ids)
+        return {"id": self.id, "question": self.question, "golden_answers": list(self.golden_answers),
+                "metadata": metadata}
+
+
+def example_from_dict(row: dict, where: str) -> QAExample:
+    """A FlashRAG or Search-R1 row -> QAExample; `where` ("file:line") prefixes any error."""
+    if not isinstance(row, dict):
+        raise QADataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    metadata = row.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise QADataError(f"{where}: field 'metadata' must be an object, got {type(metadata).__name__}")
+    metadata = dict(metadata)
+    if row.get("reward_model") is not None:
+        question, answers, example_id = _search_r1_fields(row, metadata, where)
+    else:
+        question = _require(row, "question", where)
+        answers = _require(row, "golden_answers", where)
+        example_id = _require(row, "id", where)
+    if isinstance(example_id, bool) or not isinstance(example_id, (str, int)):
+        raise QADataError(f"{where}: field 'id' must be a string or integer, got {example_id!r}")
+    if not isinstance(question, str) or not question.strip():
+        raise QADataError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
+    supporting = metadata.get("supporting_ids")
+    return QAExample(
+        id=str(example_id),
+        question=question.strip(),
+        golden_answers=_string_list(answers, "golden_answers", where, allow_empty=False),
+        supporting_ids=None if supporting is None else _string_list(supporting, "metadata.supporting_ids", where),
+        metadata=metadata,
+    )
+
+
+def _search_r1_fields(row: dict, metadata: dict, where: str) -> tuple[object, object, object]:
+    """(question, answers, id) of a Search-R1 row; its data_source / extra_info / ability go into metadata."""
+    reward = row["reward_model"]
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    if not isinstance(truth, dict) or truth.get("target") is None:
+        raise QADataError(f"{where}: missing field 'reward_model.ground_truth.target'")
+    extra = row.get("extra_info") or {}
+    for key in ("data_source", "ability"):
+        if row.get(key) is not None:
+            metadata[key] = row[key]
+    if extra:
+        metadata["extra_info"] = extra
+    question = row.get("question")
+    if question is None:
+        question = _question_from_prompt(_require(row, "prompt", where), where)
+    example_id = row.get("id")
+    if example_id is None:
+        if not isinstance(extra, dict) or "index" not in extra:
+            raise QADataError(f"{where}: missing field 'id' (or 'extra_info.index')")
+        example_id = f"{row.get('data_source', 'qa')}_{extra.get('split', 'unknown')}_{extra['index']}"
+    return question, truth["target"], example_id
+
+
+def _question_from_prompt(prompt: object, where: str) -> str:
+    """The text after the last "Question:" in the prompt's user turn (Search-R1's make_prefix)."""
+    if not isinstance(prompt, list):
+        raise QADataError(f"{where}: field 'prompt' must be a list of chat messages")
+    for message in prompt:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) and message.get("role") == "user" and "Question:" in content:
+            return content.rpartition("Question:")[2].strip()
+    raise QADataError(f"{where}: field 'prompt' has no user message containing 'Question:'")
+
+
+def _require(row: dict, field: str, where: str) -> object:
+    if row.get(field) is None:
+        raise QADataError(f"{where}: missing field '{field}'")
+    return row[field]
+
+
+def _string_list(value: object, field: str, where: str, allow_empty: bool = True) -> list[str]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise QADataError(f"{where}: field '{field}' must be a list of strings, got {value!r}")
+    if not value and not allow_empty:
+        raise QADataError(f"{where}: field '{field}' is empty")
+    return list(value)
+
+
+def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
+    """Streams the examples of one `.jsonl` or `.parquet` file (blank JSONL lines are skipped)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise QADataError(f"{path}: no such QA file")
+    if path.endswith(".jsonl"):
+        rows = _jsonl_rows(path)
+    elif path.endswith(".parquet"):
+        rows = _parquet_rows(path)
+    else:
+        raise QADataError(f"{path}: unknown QA file type (expected one of {', '.join(SUFFIXES)})")
+    count = 0
+    for where, row in rows:
+        count += 1
+        yield example_from_dict(row, where)
+    if count == 0:
+        raise QADataError(f"{path}: the file has no examples")
+
+
+def _jsonl_rows(path: str) -> Iterator[tuple[str, object]]:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise QADataError(f"{where}: not valid JSON ({e})") from None
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[str, object]]:
+    row_no = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            row_no += 1
+            yield f"{path}: row {row_no}", row
+
+
+def load_examples(path: str | os.PathLike) -> list[QAExample]:
+    """All examples of one file, in file order."""
+    return list(iter_examples(path))
+
+
+def find_split(directory: str | os.PathLike, split: str) -> str:
+    """The file of `split` in a FlashRAG dataset directory: `{split}.jsonl` or `{split}.parquet`."""
+    directory = os.fspath(directory)
+    for suffix in SUFFIXES:
+        path = os.path.join(directory, split + suffix)
+        if os.path.isfile(path):
+            return path
+    found = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    raise QADataError(f"{directory}: no {split}.jsonl or {split}.parquet (found: {found})")
+
+
+def write_jsonl(examples: Sequence[QAExample], path: str | os.PathLike) -> None:
+    """Writes examples as FlashRAG JSONL, one row per line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for example in examples:
+            f.write(json.dumps(example.to_json(), ensure_ascii=False) + "\n")
+
+
+class QAIterator:
+    """Endless, deterministic, resumable batches of questions for group-based RL (GRPO).
+
+    Each `next()` returns `batch_size * group_size` examples: `batch_size` distinct draws, each repeated
+    `group_size` times in a row (q0 x group, q1 x group, ...), so row `r` belongs to group `r // group_size`.
+
+    Order: epoch `e` visits the examples in the permutation drawn by `np.random.default_rng([seed, e])` (the
+    identity when `shuffle=False`). Batches run across epoch ends, so every batch is full and every example is
+    seen once per epoch. The position is therefore just (epoch, index into that epoch's permutation):
+    `state()` returns it as a JSON-able dict of ints, and `restore(state)` on an iterator built over the same
+    examples and seed continues with exactly the batches the saved iterator would have produced.
+    """
+
+    def __init__(self, examples: Sequence[QAExample], batch_size: int, group_size: int, seed: int,
+                 shuffle: bool = True):
+        if not examples:
+            raise ValueError("QAIterator needs at least one example")
+        if batch_size < 1 or group_size < 1:
+            raise ValueError(f"batch_size and group_size must be >= 1, got {batch_size}, {group_size}")
+        self.examples = examples
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.index = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.examples))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
+
+    def __iter__(self) -> QAIterator:
+        return self
+
+    def __next__(self) -> list[QAExample]:
+        batch = []
+        for _ in range(self.batch_size):
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            example = self.examples[int(self._order[self.index])]
+            self.index += 1
+            batch.extend([example] * self.group_size)
+        return batch
+
+    def state(self) -> dict:
+        """The position, plus what must match on restore (JSON-able; save it with the checkpoint)."""
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "shuffle": self.shuffle,
+                "num_examples": len(self.examples)}
+
+    def restore(self, state: dict) -> None:
+        """Moves to a position saved by `state()`; the examples and seed must be those it was saved with."""
+        mine = self.state()
+        for key in ("seed", "shuffle", "num_examples"):
+            if state[key] != mine[key]:
+                raise ValueError(f"iterator state has {key}={state[key]!r} but this iterator has {mine[key]!r}")
+        if not 0 <= state["index"] <= len(self.examples) or state["epoch"] < 0:
+            raise ValueError(f"iterator state position out of range: {state}")
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._permutation(self.epoch)
