@@ -1,10 +1,7 @@
 """BM25 over a `Corpus` with `bm25s` (the embedded default retriever: no model, CPU only).
 
 Scoring is Lucene BM25 (Pyserini's k1=0.9, b=0.4 by default) over lowercased `\\w\\w+` tokens of
-`contents` (title + text) minus English stopwords, no stemming. Memory: building holds every
-passage's token ids (4 bytes/token; wiki-18 ~2B tokens -> ~8 GB) plus bm25s's score arrays
-(~12 bytes per distinct (passage, term) pair; ~20 GB for wiki-18): plan ~40-50 GB to build
-wiki-18. Search memory-maps the saved index (~8 bytes per pair on disk) and holds only the vocab.
+`contents` (title + text) minus English stopwords, no stemming. Memory: see `MEMORY`.
 """
 from __future__ import annotations
 
@@ -23,6 +20,10 @@ from jaxsearch.retrieval.corpus import Corpus
 
 TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
 META_FILE = "meta.json"
+MEMORY = """bm25   build: every passage's token ids (4 bytes/token) plus bm25s's score arrays (~12 bytes per
+         distinct (passage, term) pair); wiki-18 (21M passages, ~1.3B tokens after stopwords) wants
+         ~40 GB. Search: the saved index (~8 bytes per pair, ~10 GB for wiki-18) is memory-mapped;
+         RAM holds the vocabulary plus one float32 score per passage per query in flight."""
 
 
 def tokenize(text: str, stopwords: frozenset[str]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -67,7 +68,7 @@ class Corpus:
 
     def _scan(self, progress: bool) -> tuple[np.ndarray, dict[str, int] | None]:
         """Validate every line; return row start offsets (+ end of file) and the id->row dict (or None)."""
-        starts: list[int] = []
+        starts = array("q")  # 8 bytes per passage, also while scanning
         row_of: dict[str, int] | None = None
         offset = 0
         size = os.path.getsize(self.path)
@@ -91,7 +92,7 @@ class Corpus:
         if not starts:
             raise CorpusError(f"{self.path}: empty corpus (no passages)")
         starts.append(offset)
-        return np.asarray(starts, dtype=np.int64), row_of
+        return np.frombuffer(starts, dtype=np.int64), row_of
 
     def __len__(self) -> int:
         return len(self._offsets) - 1

@@ -1,11 +1,7 @@
 """Dense retrieval: an `Encoder` for queries and a FAISS inner-product index over passage rows.
 
-Index kinds and their memory (d = embedding dim; e5-base d=768; wiki-18 N = 21M passages):
-  flat   exact search, 4*d bytes/passage: wiki-18 e5 ~62 GB (Search-R1's `e5_Flat.index`).
-  hnsw   approximate, fast on CPU, 4*d + 8*M bytes/passage (M=32: ~66 GB for wiki-18); slow to build.
-  ivfpq  approximate, pq_m + 8 bytes/passage + nlist*d*4 for centroids (pq_m=64: ~1.5 GB for
-         wiki-18): fits a small host. Trains on a sample of 39*nlist vectors.
-With `faiss-gpu` installed and a GPU visible, flat and ivfpq indexes are moved (sharded) to GPUs.
+Index kinds: flat (exact), hnsw, ivfpq; their memory is in `MEMORY`. With `faiss-gpu` installed and
+a GPU visible, flat and ivfpq indexes are sharded over the GPUs.
 """
 from __future__ import annotations
 
@@ -26,6 +22,12 @@ KINDS = ("flat", "hnsw", "ivfpq")
 INDEX_FILE = "faiss.index"
 META_FILE = "meta.json"
 ADD_CHUNK = 65536  # vectors added to an index per call
+MEMORY = """(d = embedding dim: e5-base/bge-base 768, MiniLM 384; wiki-18 = 21M passages)
+  flat   exact; 4*d bytes/passage: wiki-18 with e5 ~65 GB (60 GiB; Search-R1's e5_Flat.index).
+  hnsw   approximate, fastest on CPU; 4*d + 8*M bytes/passage (M=32: ~70 GB for wiki-18); slow build.
+  ivfpq  approximate; pq_m + 8 bytes/passage plus nlist*d*4 for centroids (pq_m=64: ~1.5 GB for
+         wiki-18): fits a small host. Training reads a sample of 39*max(nlist, 256) vectors.
+  GPU    faiss-gpu holds the same bytes in GPU memory (flat and ivfpq; hnsw stays on CPU)."""
 
 
 def default_nlist(num_vectors: int) -> int:
@@ -66,6 +68,15 @@ def fill_index(index: faiss.Index, vectors: np.ndarray, progress: bool = True, s
             bar.update(len(chunk))
 
 
+def configure(index: faiss.Index, ef_search: int = 128, nprobe: int = 64) -> None:
+    """Set search breadth: HNSW `efSearch` candidates, IVF `nprobe` cells (no-op for flat)."""
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexHNSW):
+        inner.hnsw.efSearch = ef_search
+    if isinstance(inner, faiss.IndexIVF):
+        inner.nprobe = nprobe
+
+
 def to_gpu(index: faiss.Index) -> faiss.Index:
     """Shard `index` over all visible GPUs when faiss-gpu is installed; otherwise return it unchanged."""
     if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
@@ -87,11 +98,7 @@ class DenseRetriever:
                              f"{len(corpus)} passages: rebuild the index for this corpus")
         if index.d != encoder.dim:
             raise ValueError(f"FAISS index dim {index.d} != encoder {encoder.spec.model} dim {encoder.dim}")
-        inner = faiss.downcast_index(index)
-        if isinstance(inner, faiss.IndexHNSW):
-            inner.hnsw.efSearch = ef_search
-        if isinstance(inner, faiss.IndexIVF):
-            inner.nprobe = nprobe
+        configure(index, ef_search, nprobe)
         self.corpus = corpus
         self.encoder = encoder
         self.index = to_gpu(index) if use_gpu else index

@@ -1,0 +1,66 @@
+"""Serve a retriever over HTTP with Search-R1's API (so Search-R1 clients work against it).
+
+    python launch/serve_retriever.py --corpus wiki-18.jsonl --retriever bm25 --index indexes/wiki18_bm25 --port 8000
+    python launch/serve_retriever.py --corpus wiki-18.jsonl --retriever dense --index e5_Flat.index --encoder e5 --port 8000
+
+POST /retrieve {"queries": [str], "topk": int, "return_scores": bool} -> {"result": [[...], ...]};
+GET /health. Concurrent requests are answered by one batched search. Binds 127.0.0.1 unless --host.
+"""
+import argparse
+import sys
+
+from jaxsearch.retrieval import bm25, dense
+
+MEMORY_NOTES = f"""memory (the corpus stays on disk; RAM holds 8 bytes/passage of line offsets):
+{bm25.MEMORY}
+
+dense {dense.MEMORY}
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, epilog=MEMORY_NOTES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True, help="JSONL corpus: {id, contents} or {id, title, text} per line")
+    p.add_argument("--retriever", required=True, choices=["bm25", "dense"])
+    p.add_argument("--index", default=None, help="index dir from build_index.py, or a bare FAISS file "
+                   "(e.g. Search-R1's e5_Flat.index); without it the corpus is indexed in RAM at start")
+    p.add_argument("--encoder", default=None, help="dense: e5 | bge | minilm | model (default: the index's, else e5)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--default-topk", type=int, default=3, help="topk when a request omits it")
+    p.add_argument("--max-topk", type=int, default=100)
+    p.add_argument("--max-queries", type=int, default=1024, help="queries per request")
+    p.add_argument("--max-batch", type=int, default=1024, help="queries per batched search")
+    p.add_argument("--cpu-faiss", action="store_true", help="keep the FAISS index on CPU even with faiss-gpu")
+    p.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
+    p.add_argument("--nprobe", type=int, default=64, help="IVF cells visited per query")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import uvicorn
+
+    from jaxsearch.retrieval.corpus import CorpusError
+    from jaxsearch.retrieval.factory import make_retriever
+    from jaxsearch.retrieval.server import create_app
+
+    kwargs = {}
+    if args.retriever == "dense":
+        kwargs = {"encoder": args.encoder, "use_gpu": not args.cpu_faiss, "ef_search": args.ef_search,
+                  "nprobe": args.nprobe}
+    try:
+        retriever = make_retriever(args.retriever, corpus=args.corpus, index=args.index, **kwargs)
+    except (CorpusError, ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    num_docs = len(retriever.corpus)
+    app = create_app(retriever, args.retriever, num_docs=num_docs, default_topk=args.default_topk,
+                     max_topk=args.max_topk, max_queries=args.max_queries, max_batch=args.max_batch)
+    print(f"serving {args.retriever} over {num_docs} passages on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
