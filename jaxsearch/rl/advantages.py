@@ -5,7 +5,8 @@
 
 GRPO returns one advantage per sequence; the caller broadcasts it over the sequence's tokens
 (`adv[:, None] * loss_mask`). Rows of one group are contiguous: rewards.reshape(-1, group_size).
-`group_size` must be static under jit.
+Python-valued options (group_size, normalize_std, whiten) are static under jit; gamma and lam may be
+traced.
 
 GAE follows veRL's `compute_gae_advantage_return` for multi-turn rollouts: a token with mask 0 (an
 observation the retriever wrote, or padding) is skipped, the recursion passes through it unchanged,

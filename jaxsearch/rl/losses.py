@@ -2,6 +2,7 @@
 
 All per-token inputs are [B, T] aligned with `loss_mask` [B, T] (1 on tokens the policy wrote, 0 on
 prompt, retrieved observations and padding); only mask-1 tokens count, in losses and statistics.
+Keyword options (clip bounds, aggregation mode, KL kind) are static: bind them before `jax.jit`.
 
     agg_loss(loss_mat, loss_mask, mode)                           -> scalar
     ppo_policy_loss(logp, old_logp, advantages, loss_mask, ...)   -> (loss, stats)   (POLICY_LOSSES["ppo"])
