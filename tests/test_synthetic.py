@@ -1,0 +1,165 @@
+"""The synthetic world: determinism, answerability by an independent resolver over the written corpus, BM25
+(rank_bm25) retrieval of every hop's passage from its solution-trace query, split hygiene; the word tokenizer."""
+import collections
+import dataclasses
+import json
+import re
+
+import pytest
+from rank_bm25 import BM25Okapi
+
+from jaxsearch.data.qa import load_examples
+from jaxsearch.data.synthetic import generate_world, solution_trace, world_config
+
+SPLITS = ("train", "dev", "test")
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(world_config("tiny", seed=0))
+
+
+@pytest.fixture(scope="module")
+def written(world, tmp_path_factory):
+    """The tiny world as written on disk: (passage id -> (title, text), split -> examples)."""
+    out = tmp_path_factory.mktemp("world")
+    world.write(out)
+    corpus = {}
+    with open(out / "corpus.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            assert set(row) == {"id", "contents"}
+            title, text = row["contents"].split("\n", 1)
+            assert title.startswith('"') and title.endswith('"')
+            corpus[row["id"]] = (title[1:-1], text)
+    return corpus, {split: load_examples(out / f"{split}.jsonl") for split in SPLITS}
+
+
+def _files(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_same_seed_same_files_other_seed_other_world(tmp_path):
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        generate_world(world_config("tiny", seed=seed)).write(tmp_path / name)
+    a, b, c = (_files(tmp_path / name) for name in "abc")
+    assert set(a) == {"corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "world_config.json"}
+    assert a == b
+    assert a["corpus.jsonl"] != c["corpus.jsonl"] and a["test.jsonl"] != c["test.jsonl"]
+
+
+def _mentions(name, text):
+    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
+
+
+def test_every_question_is_answerable_from_its_passages(world, written):
+    corpus, splits = written
+    kinds = collections.defaultdict(set)  # entity kind -> names: what the resolver may read off a passage
+    for entity in world.entities.values():
+        kinds[entity.kind].add(entity.name)
+    object_kind = {"born_in": "city", "headquartered_in": "city", "located_in": "country", "works_for": "org"}
+    n_checked = collections.Counter()
+    for examples in splits.values():
+        for q in examples:
+            meta, answer = q.metadata, q.golden_answers[0]
+            hops, names = meta["hops"], meta["hop_entities"]
+            assert len(q.supporting_ids) == len(names) == len(meta["relations"]) == hops
+            texts = [corpus[pid][1] for pid in q.supporting_ids]
+            for name, pid in zip(names, q.supporting_ids):  # each hop's passage is about its entity
+                assert corpus[pid][0] == name and _mentions(name, corpus[pid][1])
+            if meta["type"] != "comparison":
+                assert _mentions(names[0], q.question) and not _mentions(answer, q.question)
+                for text, next_name in zip(texts, names[1:]):  # each passage leads to the next hop's entity
+                    assert _mentions(next_name, text)
+                assert _mentions(answer, texts[-1]), (q.question, answer, texts[-1])
+            elif answer in ("yes", "no"):
+                kind = object_kind[meta["relations"][0]]
+                objects = [{n for n in kinds[kind] if _mentions(n, t) and n not in names} for t in texts]
+                assert all(len(o) == 1 for o in objects), (q.question, texts)
+                assert answer == ("yes" if objects[0] == objects[1] else "no"), q.question
+            else:
+                years = [re.findall(r"\b\d{4}\b", t) for t in texts]
+                assert all(len(y) == 1 for y in years), texts
+                earlier = names[0] if int(years[0][0]) < int(years[1][0]) else names[1]
+                later = names[1] if earlier == names[0] else names[0]
+                asks_first = re.search(r"\b(first|older)\b", q.question) is not None
+                assert answer == (earlier if asks_first else later), (q.question, texts)
+                assert _mentions(names[0], q.question) and _mentions(names[1], q.question)
+            n_checked[meta["type"]] += 1
+    assert set(n_checked) == {"single", "bridge", "comparison", "compositional"}
+
+
+def test_bm25_finds_each_hop_passage_from_the_trace_query(world, written):
+    corpus, splits = written
+    ids = list(corpus)
+    tokenize = lambda s: re.findall(r"\w+", s.lower())  # noqa: E731
+    bm25 = BM25Okapi([tokenize(f'"{title}"\n{text}') for title, text in corpus.values()])  # k1=1.5, b=0.75
+    hits = total = 0
+    for examples in splits.values():
+        for q in examples:
+            steps = solution_trace(q, world)
+            searches = [s for s in steps if s.action == "search"]
+            assert [s.passage_id for s in searches] == q.supporting_ids
+            assert steps[-1].action == "answer" and steps[-1].text == q.golden_answers[0]
+            assert len(steps) == q.metadata["hops"] + 1
+            for step in searches:
+                assert step.fact in corpus[step.passage_id][1] and _mentions(step.found, step.fact)
+                scores = bm25.get_scores(tokenize(step.text))
+                top5 = sorted(range(len(ids)), key=lambda i: -scores[i])[:5]
+                hits += step.passage_id in {ids[i] for i in top5}
+                total += 1
+    print(f"BM25 top-5 hop hits: {hits}/{total}")
+    assert hits / total >= 0.9, f"{hits}/{total}"
+
+
+def _key(q):
+    """What a question asks, independent of wording: its facts."""
+    names, relations = q.metadata["hop_entities"], q.metadata["relations"]
+    if q.metadata["type"] == "comparison":
+        return relations[0], frozenset(names)
+    return names[0], tuple(relations)
+
+
+def test_splits_sizes_mix_and_no_shared_questions(world, written):
+    _, splits = written
+    config = world.config
+    seen_text, seen_key = {}, {}
+    for split, size in zip(SPLITS, config.split_sizes):
+        examples = splits[split]
+        assert len(examples) == size and len({q.id for q in examples}) == size
+        hops = collections.Counter(q.metadata["hops"] for q in examples)
+        for h, share in zip((1, 2, 3, 4), config.hop_mix):
+            assert abs(hops[h] - share * size) <= 1, (split, hops)
+        for q in examples:
+            assert seen_text.setdefault(q.question, split) == split, q.question
+            assert seen_key.setdefault(_key(q), split) == split, q.question
+    assert len(seen_key) == sum(config.split_sizes)  # no two questions ask the same facts, even within a split
+
+
+def test_distractors_look_alike_but_are_never_asked(world, written):
+    _, splits = written
+    real = [e for e in world.entities.values() if not e.distractor]
+    distractors = [e for e in world.entities.values() if e.distractor]
+    assert len(distractors) == world.config.n_distractors
+    real_words = {w for e in real for w in e.name.split() if w not in ("The", "of")}
+    for d in distractors:
+        assert d.name not in {e.name for e in real}
+        assert set(d.name.split()) & real_words, d.name
+    distractor_names = {d.name for d in distractors}
+    for examples in splits.values():
+        for q in examples:
+            assert not distractor_names & (set(q.metadata["hop_entities"]) | set(q.golden_answers))
+
+
+def test_small_world_sizes():
+    config = world_config("small", seed=1)
+    small = generate_world(dataclasses.replace(config, split_sizes=(1500, 200, 200)))
+    assert len(small.passages) > 1500
+    assert [len(small.questions[s]) for s in SPLITS] == [1500, 200, 200]
+
+
+def test_too_many_questions_is_a_clear_error():
+    config = dataclasses.replace(world_config("tiny"), n_people=8, n_orgs=2, n_films=1, n_books=1,
+                                 n_distractors=0, split_sizes=(5000, 10, 10))
+    with pytest.raises(ValueError, match="too few"):
+        generate_world(config)
