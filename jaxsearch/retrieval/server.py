@@ -12,7 +12,8 @@ import contextlib
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
@@ -88,6 +89,24 @@ class Batcher:
             start += len(job.queries)
 
 
+EXPECTED = 'expected a JSON object {"queries": [str, ...], "topk": int, "return_scores": bool}'
+
+
+def _field(loc: tuple) -> str:
+    """("body", "queries", 1) -> "queries[1]"."""
+    name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:]).lstrip(".")
+    return name or "body"
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field (400 for a body that is not JSON), never a 500."""
+    errors = exc.errors()
+    if any(e["type"] == "json_invalid" for e in errors):
+        return JSONResponse({"detail": f"invalid JSON: {errors[0].get('ctx', {}).get('error', '')}; {EXPECTED}"}, 400)
+    problems = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in errors)
+    return JSONResponse({"detail": f"{problems}; {EXPECTED}"}, 422)
+
+
 def _doc_json(doc: Doc) -> dict:
     return {"id": doc.id, "contents": doc.contents}
 
@@ -105,6 +124,7 @@ def create_app(retriever: Retriever, name: str, num_docs: int | None = None, def
         worker.cancel()
 
     app = FastAPI(title="jaxsearch retriever", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _validation_error)
 
     @app.get("/health")
     async def health() -> dict:
