@@ -10,6 +10,8 @@ from rank_bm25 import BM25Okapi
 
 from jaxsearch.data.qa import load_examples
 from jaxsearch.data.synthetic import generate_world, solution_trace, world_config
+from jaxsearch.data.word_tokenizer import WordTokenizer
+from jaxsearch.models.tokenizer import Tokenizer
 
 SPLITS = ("train", "dev", "test")
 
@@ -163,3 +165,69 @@ def test_too_many_questions_is_a_clear_error():
                                  n_distractors=0, split_sizes=(5000, 10, 10))
     with pytest.raises(ValueError, match="too few"):
         generate_world(config)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(world):
+    return WordTokenizer.build(world.texts())
+
+
+TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>",
+        "</answer>", "<knowledge>", "</knowledge>", "<evidence>", "</evidence>", "<information_source>",
+        "</information_source>")
+
+
+def test_word_tokenizer_round_trip_and_single_token_words(world, tokenizer):
+    assert isinstance(tokenizer, Tokenizer) and 300 < tokenizer.vocab_size < 5000
+    for text in [p.contents for p in world.passages] + [q.question for q in world.questions["dev"]]:
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == text == b"".join(tokenizer.token_bytes(i) for i in ids).decode()
+        # Every vocabulary word, number, punctuation mark and newline is one token; single spaces are free.
+        assert len(ids) == len(re.findall(r"[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9]|\n", text)), text
+        assert tokenizer.unk_id not in ids
+
+
+def test_word_tokenizer_tags_specials_and_fallbacks(world, tokenizer):
+    q = world.questions["test"][0]
+    steps = solution_trace(q, world)
+    trajectory = (f"<|im_start|>user\n{q.question}<|im_end|>\n<|im_start|>assistant\n<knowledge>x</knowledge>"
+                  f"<think> first </think>\n<search> {steps[0].text} </search>\n\n<information>Doc 1(Title: "
+                  f"\"{steps[0].subject}\") {steps[0].fact}\n</information>\n\n<evidence>{steps[0].fact}</evidence>"
+                  f"<information_source>external</information_source><answer> {steps[-1].text} </answer><|im_end|>")
+    for allow_special in (True, False):
+        assert tokenizer.decode(tokenizer.encode(trajectory, allow_special)) == trajectory
+    for tag in TAGS:
+        assert tokenizer.encode(tag) == [tokenizer.token_to_id(tag)]
+        assert tokenizer.encode(f"a {tag}") == [tokenizer.token_to_id("a"), tokenizer.token_to_id(" " + tag)]
+    ids = tokenizer.encode(trajectory, allow_special=True)
+    assert ids.count(tokenizer.eos_id) == 2 and tokenizer.eos_id not in tokenizer.encode(trajectory)
+    assert tokenizer.encode("<|im_end|>", allow_special=True) == [tokenizer.eos_id]
+    plain = tokenizer.decode(ids, skip_special=True)
+    assert plain == trajectory.replace("<|im_start|>", "").replace("<|im_end|>", "") and "<search>" in plain
+
+    for text in ("Zyzzyva 2077  x\ty \n\n", "a  <|im_end|>  b", "<foo> </bar>"):  # unknown words: characters
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert len(tokenizer.encode("Zyzzyva")) == 7
+    assert tokenizer.decode(tokenizer.encode("caf\u00e9 a\r\nb\rc")) == "caf<unk> a\nb\nc"
+
+
+def test_word_tokenizer_save_load_batch_and_chat(tmp_path, tokenizer):
+    tokenizer.save(tmp_path / "tok.json")
+    loaded = WordTokenizer.load(tmp_path / "tok.json")
+    assert loaded.vocab_size == tokenizer.vocab_size
+    assert [loaded.id_to_token(i) for i in range(loaded.vocab_size)] == \
+           [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    (tmp_path / "bad.json").write_text('{"tokens": []}')
+    with pytest.raises(ValueError, match="bad.json"):
+        WordTokenizer.load(tmp_path / "bad.json")
+
+    a, b = tokenizer.encode("Who is"), tokenizer.encode("Who is married to")
+    ids, mask = tokenizer.batch_encode(["Who is", "Who is married to"], padding_side="left")
+    pad = tokenizer.pad_id
+    assert ids.tolist() == [[pad, pad] + a, b] and mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert tokenizer.pad_id == 0 and tokenizer.id_to_token(tokenizer.eos_id) == "<|im_end|>"
+
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert chat == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    assert tokenizer.unk_id not in tokenizer.encode(chat.replace("Hi", "user"), allow_special=True)
