@@ -2,8 +2,10 @@
 (rank_bm25) retrieval of every hop's passage from its solution-trace query, split hygiene; the word tokenizer."""
 import collections
 import dataclasses
+import importlib.util
 import json
 import re
+from pathlib import Path
 
 import pytest
 from rank_bm25 import BM25Okapi
@@ -231,3 +233,20 @@ def test_word_tokenizer_save_load_batch_and_chat(tmp_path, tokenizer):
     assert chat == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                     "<|im_start|>assistant\n")
     assert tokenizer.unk_id not in tokenizer.encode(chat.replace("Hi", "user"), allow_special=True)
+
+
+def test_make_world_cli(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("make_world", Path(__file__).parents[1] / "launch" / "make_world.py")
+    make_world = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_world)
+    assert make_world.main(["--out", str(tmp_path), "--seed", "5", "--size", "tiny"]) == 0
+    assert "passages" in capsys.readouterr().out
+    assert {p.name for p in tmp_path.iterdir()} == {"corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl",
+                                                     "world_config.json", "tokenizer.json"}
+    assert json.loads((tmp_path / "world_config.json").read_text())["seed"] == 5
+    tokenizer = WordTokenizer.load(tmp_path / "tokenizer.json")
+    question = load_examples(tmp_path / "dev.jsonl")[0].question
+    assert tokenizer.decode(tokenizer.encode(question)) == question
+    before = (tmp_path / "corpus.jsonl").read_bytes()
+    assert make_world.main(["--out", str(tmp_path), "--seed", "6"]) == 2  # refuses to replace a world
+    assert "--overwrite" in capsys.readouterr().err and (tmp_path / "corpus.jsonl").read_bytes() == before
