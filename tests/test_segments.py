@@ -12,7 +12,7 @@ TAGS = {
     "<answer>": "answer",
     "<information_source>": "information_source",
 }
-O, TH, S, A, SRC, INF, K, EV = 0, 1, 2, 3, 5, 6, 7, 4
+OT, TH, S, A, SRC, INF, K, EV = 0, 1, 2, 3, 5, 6, 7, 4
 
 
 def labels(pairs, tags=TAGS):
@@ -45,7 +45,7 @@ def test_tags_split_into_three_tokens():
             ("</", TH),
             ("think", TH),
             (">", TH),
-            ("\n", O),
+            ("\n", OT),
             ("<", S),
             ("search", S),
             (">", S),
@@ -66,7 +66,7 @@ def test_token_with_text_on_both_sides_of_a_tag():
             ("think", TH),
             ("ing</", TH),
             ("think>", TH),
-            ("\n\n", O),
+            ("\n\n", OT),
             ("<search>", S),
             ("q", S),
             ("</search", S),
@@ -74,7 +74,7 @@ def test_token_with_text_on_both_sides_of_a_tag():
             ("<information>", INF),
             ("Doc 1", INF),
             ("</information>", INF),
-            ("\n\n", O),
+            ("\n\n", OT),
         ]
     )
     assert got == want
@@ -91,7 +91,7 @@ def test_token_that_opens_a_tag_after_other_text_belongs_to_that_tag():
             (">", A),
             ("x", A),
             ("</answer>", A),
-            ("<|im_end|>", O),
+            ("<|im_end|>", OT),
         ]
     )
     assert got == want
@@ -122,7 +122,7 @@ def test_tag_split_mid_name_and_multibyte_character_split():
         (b"\xa9", TH),
         (b"</th", TH),
         (b"ink>", TH),
-        (b" done", O),
+        (b" done", OT),
     ]
     got = label_token_segments([t for t, _ in pairs], TAGS).tolist()
     assert got == [e for _, e in pairs]
@@ -131,7 +131,7 @@ def test_tag_split_mid_name_and_multibyte_character_split():
 def test_segments_do_not_nest_and_stray_closers_are_text():
     got, want = labels(
         [
-            ("</answer>", O),
+            ("</answer>", OT),
             ("<information>", INF),
             ("<answer>", INF),
             ("x", INF),
@@ -147,7 +147,7 @@ def test_segments_do_not_nest_and_stray_closers_are_text():
 
 
 def test_unclosed_segment_runs_to_the_end():
-    got, want = labels([("pre", O), ("<answer>", A), ("Paris", A), (" and", A)])
+    got, want = labels([("pre", OT), ("<answer>", A), ("Paris", A), (" and", A)])
     assert got == want
 
 
@@ -157,7 +157,7 @@ def test_similar_tag_names_are_told_apart():
             ("<information_source>", SRC),
             ("external", SRC),
             ("</information_source>", SRC),
-            ("\n", O),
+            ("\n", OT),
             ("<information>", INF),
             ("d", INF),
             ("</information>", INF),
@@ -173,7 +173,7 @@ def test_protocol_specific_tags():
             ("<knowledge>", K),
             ("P0", K),
             ("</knowledge>", K),
-            ("<think>", O),
+            ("<think>", OT),
             ("<query>", S),
             ("q", S),
             ("</query>", S),
