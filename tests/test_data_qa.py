@@ -1,5 +1,6 @@
-"""QA loaders on the shipped FlashRAG-format samples, Search-R1 parquet rows and malformed files; QAIterator order
-and exact resume."""
+"""QA loaders on the shipped FlashRAG-format samples, Search-R1 parquet rows and malformed files;
+QAIterator order and exact resume."""
+
 import json
 import os
 
@@ -7,7 +8,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jaxsearch.data.qa import QADataError, QAExample, QAIterator, find_split, iter_examples, load_examples, write_jsonl
+from jaxsearch.data.qa import (
+    QADataError,
+    QAExample,
+    QAIterator,
+    find_split,
+    iter_examples,
+    load_examples,
+    write_jsonl,
+)
 
 SAMPLES = os.path.join(os.path.dirname(__file__), "data", "qa")
 BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
@@ -21,8 +30,11 @@ def test_shipped_samples_load(name):
         rows = [json.loads(line) for line in f]
     assert len(examples) == len(rows) == 5
     for example, row in zip(examples, rows):
-        assert (example.id, example.question, example.golden_answers) == (row["id"], row["question"],
-                                                                            row["golden_answers"])
+        assert (example.id, example.question, example.golden_answers) == (
+            row["id"],
+            row["question"],
+            row["golden_answers"],
+        )
         assert example.metadata == row["metadata"] and example.supporting_ids is None
 
 
@@ -30,8 +42,12 @@ def test_jsonl_round_trip_keeps_supporting_ids(tmp_path):
     examples = [QAExample("a", "Who?", ["X", "Y"], ["3", "7"], {"hops": 2}), QAExample("b", "What?", ["Z"])]
     write_jsonl(examples, tmp_path / "dev.jsonl")
     row = json.loads((tmp_path / "dev.jsonl").read_text().splitlines()[0])
-    assert row == {"id": "a", "question": "Who?", "golden_answers": ["X", "Y"],
-                   "metadata": {"hops": 2, "supporting_ids": ["3", "7"]}}
+    assert row == {
+        "id": "a",
+        "question": "Who?",
+        "golden_answers": ["X", "Y"],
+        "metadata": {"hops": 2, "supporting_ids": ["3", "7"]},
+    }
     loaded = load_examples(find_split(tmp_path, "dev"))
     assert loaded[0].supporting_ids == ["3", "7"] and loaded[1].supporting_ids is None
     assert loaded[0].golden_answers == ["X", "Y"] and loaded[1].question == "What?"
@@ -39,26 +55,38 @@ def test_jsonl_round_trip_keeps_supporting_ids(tmp_path):
 
 def _search_r1_row(index, question, target, with_flashrag_columns):
     # Layout of Search-R1's scripts/data_process/nq_search.py output (typed out here, not imported).
-    prefix = ("Answer the given question. You must conduct reasoning inside <think> and </think> first ... "
-              f"For example, <answer> Beijing </answer>. Question: {question}\n")
-    row = {"data_source": "nq", "prompt": [{"role": "user", "content": prefix}], "ability": "fact-reasoning",
-           "reward_model": {"style": "rule", "ground_truth": {"target": target}},
-           "extra_info": {"split": "train", "index": index}}
+    prefix = (
+        "Answer the given question. You must conduct reasoning inside <think> and </think> first ... "
+        f"For example, <answer> Beijing </answer>. Question: {question}\n"
+    )
+    row = {
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": prefix}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": target}},
+        "extra_info": {"split": "train", "index": index},
+    }
     if with_flashrag_columns:
-        row.update(id=f"train_{index}", question=question, golden_answers=target,
-                   metadata={"source": "made-up"})
+        row.update(
+            id=f"train_{index}", question=question, golden_answers=target, metadata={"source": "made-up"}
+        )
     return row
 
 
 @pytest.mark.parametrize("with_flashrag_columns", [True, False])
 def test_search_r1_parquet(tmp_path, with_flashrag_columns):
-    rows = [_search_r1_row(0, "who founded velmora?", ["Ada Quill"], with_flashrag_columns),
-            _search_r1_row(1, "when was tarnomar built?", ["1801", "in 1801"], with_flashrag_columns)]
+    rows = [
+        _search_r1_row(0, "who founded velmora?", ["Ada Quill"], with_flashrag_columns),
+        _search_r1_row(1, "when was tarnomar built?", ["1801", "in 1801"], with_flashrag_columns),
+    ]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     examples = load_examples(path)
-    assert [e.id for e in examples] == ["train_0", "train_1"] if with_flashrag_columns else ["nq_train_0",
-                                                                                             "nq_train_1"]
+    assert (
+        [e.id for e in examples] == ["train_0", "train_1"]
+        if with_flashrag_columns
+        else ["nq_train_0", "nq_train_1"]
+    )
     assert [e.question for e in examples] == ["who founded velmora?", "when was tarnomar built?"]
     assert [e.golden_answers for e in examples] == [["Ada Quill"], ["1801", "in 1801"]]
     assert examples[1].metadata["data_source"] == "nq"
@@ -77,17 +105,27 @@ def test_flashrag_parquet_and_streaming(tmp_path):
 GOOD = '{"id": "1", "question": "Who?", "golden_answers": ["X"]}'
 
 
-@pytest.mark.parametrize("lines, line_no, field", [
-    ([GOOD, '{"id": "2", "golden_answers": ["X"]}'], 2, "'question'"),
-    ([GOOD, GOOD, '{"id": "3", "question": "Who?"}'], 3, "'golden_answers'"),
-    (['{"question": "Who?", "golden_answers": ["X"]}'], 1, "'id'"),
-    ([GOOD, '{"id": "2", "question": "Who?", "golden_answers": "X"}'], 2, "'golden_answers'"),
-    ([GOOD, '{"id": "2", "question": "Who?", "golden_answers": []}'], 2, "'golden_answers'"),
-    ([GOOD, '{"id": "2", "question": "Who?", "golden_answers": ["X"], "metadata": [1]}'], 2, "'metadata'"),
-    (['{"id": "1", "question": "Who?", "golden_answers": ["X"], "metadata": {"supporting_ids": 4}}'], 1,
-     "'metadata.supporting_ids'"),
-    ([GOOD, "", '{"id": "2", "question": '], 3, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "lines, line_no, field",
+    [
+        ([GOOD, '{"id": "2", "golden_answers": ["X"]}'], 2, "'question'"),
+        ([GOOD, GOOD, '{"id": "3", "question": "Who?"}'], 3, "'golden_answers'"),
+        (['{"question": "Who?", "golden_answers": ["X"]}'], 1, "'id'"),
+        ([GOOD, '{"id": "2", "question": "Who?", "golden_answers": "X"}'], 2, "'golden_answers'"),
+        ([GOOD, '{"id": "2", "question": "Who?", "golden_answers": []}'], 2, "'golden_answers'"),
+        (
+            [GOOD, '{"id": "2", "question": "Who?", "golden_answers": ["X"], "metadata": [1]}'],
+            2,
+            "'metadata'",
+        ),
+        (
+            ['{"id": "1", "question": "Who?", "golden_answers": ["X"], "metadata": {"supporting_ids": 4}}'],
+            1,
+            "'metadata.supporting_ids'",
+        ),
+        ([GOOD, "", '{"id": "2", "question": '], 3, "not valid JSON"),
+    ],
+)
 def test_malformed_jsonl_names_file_line_and_field(tmp_path, lines, line_no, field):
     path = tmp_path / "test.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -129,11 +167,11 @@ def test_iterator_groups_and_epochs():
     for _ in range(7):  # 21 draws = 3 epochs
         batch = next(it)
         assert len(batch) == 12
-        groups = [batch[i:i + 4] for i in range(0, 12, 4)]
+        groups = [batch[i : i + 4] for i in range(0, 12, 4)]
         assert all(len({id(e) for e in g}) == 1 for g in groups)  # q0 x group, q1 x group, ...
         seen.extend(int(g[0].id) for g in groups)
     for epoch in range(3):  # each epoch is a permutation of all examples
-        assert sorted(seen[7 * epoch:7 * epoch + 7]) == list(range(7))
+        assert sorted(seen[7 * epoch : 7 * epoch + 7]) == list(range(7))
     assert seen[:7] != seen[7:14]  # reshuffled per epoch
     assert it.state()["epoch"] == 2 and it.state()["index"] == 7
 

@@ -1,5 +1,7 @@
-"""The synthetic world: determinism, answerability by an independent resolver over the written corpus, BM25
-(rank_bm25) retrieval of every hop's passage from its solution-trace query, split hygiene; the word tokenizer."""
+"""The synthetic world: determinism, answerability by an independent resolver over the written corpus,
+BM25 (rank_bm25) retrieval of every hop's passage from its solution-trace query, split hygiene; the word
+tokenizer; launch/make_world.py."""
+
 import collections
 import dataclasses
 import importlib.util
@@ -18,9 +20,9 @@ from jaxsearch.models.tokenizer import Tokenizer
 SPLITS = ("train", "dev", "test")
 
 
-@pytest.fixture(scope="module")
-def world():
-    return generate_world(world_config("tiny", seed=0))
+@pytest.fixture(scope="module", params=[0, 1], ids=["seed0", "seed1"])
+def world(request):
+    return generate_world(world_config("tiny", seed=request.param))
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,9 @@ def test_splits_sizes_mix_and_no_shared_questions(world, written):
         for q in examples:
             assert seen_text.setdefault(q.question, split) == split, q.question
             assert seen_key.setdefault(_key(q), split) == split, q.question
-    assert len(seen_key) == sum(config.split_sizes)  # no two questions ask the same facts, even within a split
+    assert len(seen_key) == sum(
+        config.split_sizes
+    )  # no two questions ask the same facts, even within a split
 
 
 def test_distractors_look_alike_but_are_never_asked(world, written):
@@ -163,8 +167,15 @@ def test_small_world_sizes():
 
 
 def test_too_many_questions_is_a_clear_error():
-    config = dataclasses.replace(world_config("tiny"), n_people=8, n_orgs=2, n_films=1, n_books=1,
-                                 n_distractors=0, split_sizes=(5000, 10, 10))
+    config = dataclasses.replace(
+        world_config("tiny"),
+        n_people=8,
+        n_orgs=2,
+        n_films=1,
+        n_books=1,
+        n_distractors=0,
+        split_sizes=(5000, 10, 10),
+    )
     with pytest.raises(ValueError, match="too few"):
         generate_world(config)
 
@@ -174,9 +185,22 @@ def tokenizer(world):
     return WordTokenizer.build(world.texts())
 
 
-TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>",
-        "</answer>", "<knowledge>", "</knowledge>", "<evidence>", "</evidence>", "<information_source>",
-        "</information_source>")
+TAGS = (
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<answer>",
+    "</answer>",
+    "<knowledge>",
+    "</knowledge>",
+    "<evidence>",
+    "</evidence>",
+    "<information_source>",
+    "</information_source>",
+)
 
 
 def test_word_tokenizer_round_trip_and_single_token_words(world, tokenizer):
@@ -192,10 +216,12 @@ def test_word_tokenizer_round_trip_and_single_token_words(world, tokenizer):
 def test_word_tokenizer_tags_specials_and_fallbacks(world, tokenizer):
     q = world.questions["test"][0]
     steps = solution_trace(q, world)
-    trajectory = (f"<|im_start|>user\n{q.question}<|im_end|>\n<|im_start|>assistant\n<knowledge>x</knowledge>"
-                  f"<think> first </think>\n<search> {steps[0].text} </search>\n\n<information>Doc 1(Title: "
-                  f"\"{steps[0].subject}\") {steps[0].fact}\n</information>\n\n<evidence>{steps[0].fact}</evidence>"
-                  f"<information_source>external</information_source><answer> {steps[-1].text} </answer><|im_end|>")
+    trajectory = (
+        f"<|im_start|>user\n{q.question}<|im_end|>\n<|im_start|>assistant\n<knowledge>x</knowledge>"
+        f"<think> first </think>\n<search> {steps[0].text} </search>\n\n<information>Doc 1(Title: "
+        f"\"{steps[0].subject}\") {steps[0].fact}\n</information>\n\n<evidence>{steps[0].fact}</evidence>"
+        f"<information_source>external</information_source><answer> {steps[-1].text} </answer><|im_end|>"
+    )
     for allow_special in (True, False):
         assert tokenizer.decode(tokenizer.encode(trajectory, allow_special)) == trajectory
     for tag in TAGS:
@@ -217,8 +243,9 @@ def test_word_tokenizer_save_load_batch_and_chat(tmp_path, tokenizer):
     tokenizer.save(tmp_path / "tok.json")
     loaded = WordTokenizer.load(tmp_path / "tok.json")
     assert loaded.vocab_size == tokenizer.vocab_size
-    assert [loaded.id_to_token(i) for i in range(loaded.vocab_size)] == \
-           [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    assert [loaded.id_to_token(i) for i in range(loaded.vocab_size)] == [
+        tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)
+    ]
     (tmp_path / "bad.json").write_text('{"tokens": []}')
     with pytest.raises(ValueError, match="bad.json"):
         WordTokenizer.load(tmp_path / "bad.json")
@@ -230,19 +257,29 @@ def test_word_tokenizer_save_load_batch_and_chat(tmp_path, tokenizer):
     assert tokenizer.pad_id == 0 and tokenizer.id_to_token(tokenizer.eos_id) == "<|im_end|>"
 
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
-    assert chat == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert chat == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert tokenizer.unk_id not in tokenizer.encode(chat.replace("Hi", "user"), allow_special=True)
 
 
 def test_make_world_cli(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("make_world", Path(__file__).parents[1] / "launch" / "make_world.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_world", Path(__file__).parents[1] / "launch" / "make_world.py"
+    )
     make_world = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_world)
     assert make_world.main(["--out", str(tmp_path), "--seed", "5", "--size", "tiny"]) == 0
     assert "passages" in capsys.readouterr().out
-    assert {p.name for p in tmp_path.iterdir()} == {"corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl",
-                                                     "world_config.json", "tokenizer.json"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "corpus.jsonl",
+        "train.jsonl",
+        "dev.jsonl",
+        "test.jsonl",
+        "world_config.json",
+        "tokenizer.json",
+    }
     assert json.loads((tmp_path / "world_config.json").read_text())["seed"] == 5
     tokenizer = WordTokenizer.load(tmp_path / "tokenizer.json")
     question = load_examples(tmp_path / "dev.jsonl")[0].question
@@ -250,3 +287,9 @@ def test_make_world_cli(tmp_path, capsys):
     before = (tmp_path / "corpus.jsonl").read_bytes()
     assert make_world.main(["--out", str(tmp_path), "--seed", "6"]) == 2  # refuses to replace a world
     assert "--overwrite" in capsys.readouterr().err and (tmp_path / "corpus.jsonl").read_bytes() == before
+
+
+def test_solution_trace_rejects_a_question_from_another_world(world):
+    other = generate_world(world_config("tiny", seed=9))
+    with pytest.raises(ValueError, match="in this world"):
+        solution_trace(other.questions["test"][0], world)

@@ -9,9 +9,10 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
   {"target": [...]}}` and `extra_info: {"split", "index"}`. The answers come from `reward_model`; `id` and
   `question` fall back to `{data_source}_{split}_{index}` and the prompt's question when absent.
 
-Reading streams: one JSON line or one parquet record batch at a time. Any bad row is a `QADataError` naming the
-file, the line (parquet: row) and the field; a file without examples is an error too.
+Reading streams: one JSON line or one parquet record batch at a time. Any bad row is a `QADataError` naming
+the file, the line (parquet: row) and the field; a file without examples is an error too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,12 @@ class QAExample:
         metadata = dict(self.metadata)
         if self.supporting_ids is not None:
             metadata["supporting_ids"] = list(self.supporting_ids)
-        return {"id": self.id, "question": self.question, "golden_answers": list(self.golden_answers),
-                "metadata": metadata}
+        return {
+            "id": self.id,
+            "question": self.question,
+            "golden_answers": list(self.golden_answers),
+            "metadata": metadata,
+        }
 
 
 def example_from_dict(row: dict, where: str) -> QAExample:
@@ -73,7 +78,9 @@ def example_from_dict(row: dict, where: str) -> QAExample:
         id=str(example_id),
         question=question.strip(),
         golden_answers=_string_list(answers, "golden_answers", where, allow_empty=False),
-        supporting_ids=None if supporting is None else _string_list(supporting, "metadata.supporting_ids", where),
+        supporting_ids=None
+        if supporting is None
+        else _string_list(supporting, "metadata.supporting_ids", where),
         metadata=metadata,
     )
 
@@ -201,8 +208,9 @@ class QAIterator:
     examples and seed continues with exactly the batches the saved iterator would have produced.
     """
 
-    def __init__(self, examples: Sequence[QAExample], batch_size: int, group_size: int, seed: int,
-                 shuffle: bool = True):
+    def __init__(
+        self, examples: Sequence[QAExample], batch_size: int, group_size: int, seed: int, shuffle: bool = True
+    ):
         if not examples:
             raise ValueError("QAIterator needs at least one example")
         if batch_size < 1 or group_size < 1:
@@ -237,15 +245,22 @@ class QAIterator:
 
     def state(self) -> dict:
         """The position, plus what must match on restore (JSON-able; save it with the checkpoint)."""
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "shuffle": self.shuffle,
-                "num_examples": len(self.examples)}
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_examples": len(self.examples),
+        }
 
     def restore(self, state: dict) -> None:
         """Moves to a position saved by `state()`; the examples and seed must be those it was saved with."""
         mine = self.state()
         for key in ("seed", "shuffle", "num_examples"):
             if state[key] != mine[key]:
-                raise ValueError(f"iterator state has {key}={state[key]!r} but this iterator has {mine[key]!r}")
+                raise ValueError(
+                    f"iterator state has {key}={state[key]!r} but this iterator has {mine[key]!r}"
+                )
         if not 0 <= state["index"] <= len(self.examples) or state["epoch"] < 0:
             raise ValueError(f"iterator state position out of range: {state}")
         self.epoch, self.index = int(state["epoch"]), int(state["index"])

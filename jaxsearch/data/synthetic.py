@@ -1,23 +1,24 @@
-"""A seeded fictional world: entities with invented names, typed facts, a passage corpus and 1-4-hop questions.
+"""A seeded fictional world: invented entities, typed facts, a passage corpus and 1-4-hop questions.
 
-No model can know the answers (names are built from random syllables), so the only way to answer is to search.
+No model can know the answers (names are built from random syllables): the only way to answer is to search.
 
 - Entities: people, cities, countries, organisations, films and novels; dates and years are fact values.
-- Facts: the typed relations in `RELATIONS` (born_in, birth_date, spouse_of, works_for, founded_by, ...). Every
-  relation is functional (one object per subject), so every question has one answer.
-- Passages: each entity is a short document of passages titled with its name; a passage states 1-3 of its facts,
-  each in one of 2-3 sentence templates. Distractor entities have names that look like real ones (a shared
-  given or family name, a shared root) and facts of their own, but no question is about them or leads to them.
+- Facts: the typed relations in `RELATIONS` (born_in, birth_date, spouse_of, works_for, founded_by, ...).
+  Every relation is functional (one object per subject), so every question has one answer.
+- Passages: each entity is a short document of passages titled with its name; a passage states 1-3 of its
+  facts, each in one of 2-3 sentence templates. Distractor entities have names that look like real ones (a
+  shared given or family name, a shared root) and facts of their own; no question is about or leads to them.
 - Questions: single-fact (1 hop, NQ/PopQA-like), bridge (2 hops: "Where was the director of X born?"),
   comparison (2 hops: "Who was born first, A or B?", yes/no "Are A and B located in the same country?") and
   compositional chains (3-4 hops, MuSiQue-like). Each has its golden answers (with aliases), the ids of its
-  supporting passages in hop order, and its hop count. No question (nor a rewording of it: the key is its facts)
-  is in two splits.
+  supporting passages in hop order, and its hop count. No question (nor a rewording of it: the key is its
+  facts) is in two splits.
 
 `World.write(dir)` writes FlashRAG files: `corpus.jsonl` rows `{"id", "contents": '"Title"\\ntext'}` and
 `{train,dev,test}.jsonl` QA rows with `metadata: {"supporting_ids", "hops", "type", "relations",
 "hop_entities"}`. `solution_trace(question, world)` gives the ideal searches and answer as structured steps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,20 @@ from collections.abc import Iterator
 from jaxsearch.data.qa import QAExample, write_jsonl
 
 SPLITS = ("train", "dev", "test")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +54,8 @@ class Relation:
     `statements`: passage sentences ({s} subject, {o} object). `phrases`: noun phrases for the object inside a
     longer question ("the director of {x}"; none for value relations). `questions`: questions asking for the
     object (none: never asked). Each relation that can follow another in a chain has a phrase and a question
-    ending in "{x}", the only ones used around a nested phrase. `query`: words a search query adds to the subject's name.
+    ending in "{x}", the only ones used around a nested phrase. `query`: words a search query adds to the
+    subject's name.
     """
 
     subject: str
@@ -54,105 +68,167 @@ class Relation:
 
 RELATIONS: dict[str, Relation] = {
     "born_in": Relation(
-        "person", "city",
+        "person",
+        "city",
         ("{s} was born in {o}.", "{s} is a native of the city of {o}.", "The birthplace of {s} is {o}."),
         ("the birthplace of {x}", "the city where {x} was born"),
         ("Where was {x} born?", "In which city was {x} born?", "What is the birthplace of {x}?"),
-        "born birthplace native"),
+        "born birthplace native",
+    ),
     "birth_date": Relation(
-        "person", None,
+        "person",
+        None,
         ("{s} was born on {o}.", "The date of birth of {s} is {o}.", "{s} came into the world on {o}."),
-        (), ("When was {x} born?", "What is the date of birth of {x}?"),
-        "born date birth"),
+        (),
+        ("When was {x} born?", "What is the date of birth of {x}?"),
+        "born date birth",
+    ),
     "spouse_of": Relation(
-        "person", "person",
+        "person",
+        "person",
         ("{s} is married to {o}.", "{s} married {o}.", "The spouse of {s} is {o}."),
-        ("the spouse of {x}",), ("Who is the spouse of {x}?", "Who is {x} married to?"),
-        "married spouse"),
+        ("the spouse of {x}",),
+        ("Who is the spouse of {x}?", "Who is {x} married to?"),
+        "married spouse",
+    ),
     "works_for": Relation(
-        "person", "org",
+        "person",
+        "org",
         ("{s} works for {o}.", "{s} is employed by {o}.", "{s} holds a position at {o}."),
         ("the employer of {x}", "the organisation that employs {x}"),
         ("Which organisation does {x} work for?", "Who employs {x}?"),
-        "works employed employer position"),
+        "works employed employer position",
+    ),
     "founded_by": Relation(
-        "org", "person",
+        "org",
+        "person",
         ("{s} was founded by {o}.", "{o} founded {s}.", "The founder of {s} is {o}."),
-        ("the founder of {x}",), ("Who founded {x}?", "Who is the founder of {x}?"),
-        "founded founder"),
+        ("the founder of {x}",),
+        ("Who founded {x}?", "Who is the founder of {x}?"),
+        "founded founder",
+    ),
     "founded_year": Relation(
-        "org", None,
+        "org",
+        None,
         ("{s} was established in {o}.", "{s} has existed since its establishment in {o}."),
-        (), ("In what year was {x} established?", "What is the year of establishment of {x}?"),
-        "established establishment year"),
+        (),
+        ("In what year was {x} established?", "What is the year of establishment of {x}?"),
+        "established establishment year",
+    ),
     "headquartered_in": Relation(
-        "org", "city",
-        ("{s} is headquartered in {o}.", "The headquarters of {s} are in {o}.", "{s} has its head office in {o}."),
+        "org",
+        "city",
+        (
+            "{s} is headquartered in {o}.",
+            "The headquarters of {s} are in {o}.",
+            "{s} has its head office in {o}.",
+        ),
         ("the city where {x} is headquartered", "the headquarters city of {x}"),
         ("Where is {x} headquartered?", "In which city are the headquarters of {x}?"),
-        "headquartered headquarters head office"),
+        "headquartered headquarters head office",
+    ),
     "located_in": Relation(
-        "city", "country",
+        "city",
+        "country",
         ("{s} is a city in {o}.", "{s} lies in the country of {o}.", "{s} is located in {o}."),
         ("the country of {x}", "the country where {x} is located"),
         ("In which country is {x}?", "Which country is {x} located in?"),
-        "city country located lies"),
+        "city country located lies",
+    ),
     "capital": Relation(
-        "country", "city",
+        "country",
+        "city",
         ("The capital of {s} is {o}.", "{o} is the capital city of {s}."),
-        ("the capital of {x}",), ("What is the capital of {x}?", "Which city is the capital of {x}?"),
-        "capital"),
+        ("the capital of {x}",),
+        ("What is the capital of {x}?", "Which city is the capital of {x}?"),
+        "capital",
+    ),
     "official_name": Relation(
-        "country", None,
+        "country",
+        None,
         ("{s} is officially called the {o}.", "The official name of {s} is the {o}."),
-        (), (), "official name"),
+        (),
+        (),
+        "official name",
+    ),
     "directed_by": Relation(
-        "film", "person",
+        "film",
+        "person",
         ("{s} is a film directed by {o}.", "{o} directed the film {s}.", "The director of {s} is {o}."),
-        ("the director of {x}",), ("Who directed {x}?", "Who is the director of the film {x}?"),
-        "film directed director"),
+        ("the director of {x}",),
+        ("Who directed {x}?", "Who is the director of the film {x}?"),
+        "film directed director",
+    ),
     "written_by": Relation(
-        "book", "person",
+        "book",
+        "person",
         ("{s} is a novel written by {o}.", "{o} wrote the novel {s}.", "The author of {s} is {o}."),
-        ("the author of {x}",), ("Who wrote {x}?", "Who is the author of the novel {x}?"),
-        "novel written wrote author"),
+        ("the author of {x}",),
+        ("Who wrote {x}?", "Who is the author of the novel {x}?"),
+        "novel written wrote author",
+    ),
     "released_in": Relation(
-        "film", None,
+        "film",
+        None,
         ("{s} was released in {o}.", "The film {s} premiered in {o}."),
-        (), ("In what year was {x} released?", "When did the film {x} premiere?"),
-        "film released premiered year"),
+        (),
+        ("In what year was {x} released?", "When did the film {x} premiere?"),
+        "film released premiered year",
+    ),
     "published_in": Relation(
-        "book", None,
+        "book",
+        None,
         ("{s} was published in {o}.", "The novel {s} first appeared in print in {o}."),
-        (), ("In what year was {x} published?", "When was the novel {x} first published?"),
-        "novel published print year"),
+        (),
+        ("In what year was {x} published?", "When was the novel {x} first published?"),
+        "novel published print year",
+    ),
 }
 
 # Comparisons of two subjects' values: (first-asked templates, last-asked templates); answer is a subject.
 ORDER_COMPARISONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "birth_date": (("Who was born first, {a} or {b}?", "Who is older, {a} or {b}?"),
-                   ("Who was born later, {a} or {b}?", "Who is younger, {a} or {b}?")),
-    "founded_year": (("Which was established first, {a} or {b}?", "Which organisation is older, {a} or {b}?"),
-                     ("Which was established more recently, {a} or {b}?",)),
-    "released_in": (("Which film was released first, {a} or {b}?",), ("Which film was released later, {a} or {b}?",)),
-    "published_in": (("Which novel was published first, {a} or {b}?",),
-                     ("Which novel was published later, {a} or {b}?",)),
+    "birth_date": (
+        ("Who was born first, {a} or {b}?", "Who is older, {a} or {b}?"),
+        ("Who was born later, {a} or {b}?", "Who is younger, {a} or {b}?"),
+    ),
+    "founded_year": (
+        ("Which was established first, {a} or {b}?", "Which organisation is older, {a} or {b}?"),
+        ("Which was established more recently, {a} or {b}?",),
+    ),
+    "released_in": (
+        ("Which film was released first, {a} or {b}?",),
+        ("Which film was released later, {a} or {b}?",),
+    ),
+    "published_in": (
+        ("Which novel was published first, {a} or {b}?",),
+        ("Which novel was published later, {a} or {b}?",),
+    ),
 }
 # Yes/no comparisons: do two subjects have the same object?
 SAME_COMPARISONS: dict[str, tuple[str, ...]] = {
     "located_in": ("Are {a} and {b} located in the same country?", "Do {a} and {b} lie in the same country?"),
     "born_in": ("Were {a} and {b} born in the same city?", "Do {a} and {b} share a birthplace?"),
-    "works_for": ("Do {a} and {b} work for the same organisation?",
-                  "Are {a} and {b} employed by the same organisation?"),
+    "works_for": (
+        "Do {a} and {b} work for the same organisation?",
+        "Are {a} and {b} employed by the same organisation?",
+    ),
     "headquartered_in": ("Are {a} and {b} headquartered in the same city?",),
 }
 
-ORG_SUFFIXES = ("Industries", "Institute", "Company", "Society", "Works", "Foundation", "Guild", "Trading House")
+ORG_SUFFIXES = (
+    "Industries",
+    "Institute",
+    "Company",
+    "Society",
+    "Works",
+    "Foundation",
+    "Guild",
+    "Trading House",
+)
 FILM_WORDS = ("Rising", "Dawn", "Night", "Road", "Gate", "Tide", "Crown", "Harbour")
 BOOK_WORDS = ("Song", "Book", "Hour", "Garden", "Winter", "Lantern", "Mirror", "House")
 COUNTRY_FORMS = ("Republic", "Kingdom", "Federation", "Commonwealth")
-ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-          "br", "dr", "gr", "kr", "tr", "th", "sh", "st", "qu")
+ONSETS = tuple("b d f g k l m n p r s t v z br dr gr kr tr th sh st qu".split())
 VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")
 CODAS = ("", "", "", "n", "r", "l", "s", "th", "m")
 
@@ -177,8 +253,16 @@ class WorldConfig:
 
 SIZES = {
     "tiny": WorldConfig(),
-    "small": WorldConfig(n_people=600, n_cities=80, n_countries=12, n_orgs=120, n_films=100, n_books=100,
-                         n_distractors=150, split_sizes=(4000, 500, 500)),
+    "small": WorldConfig(
+        n_people=600,
+        n_cities=80,
+        n_countries=12,
+        n_orgs=120,
+        n_films=100,
+        n_books=100,
+        n_distractors=150,
+        split_sizes=(4000, 500, 500),
+    ),
 }
 
 
@@ -200,7 +284,7 @@ class Entity:
 
 @dataclasses.dataclass(frozen=True)
 class Fact:
-    """`object` is an entity id, or the value text ("12 March 1843", "1871") when the relation has no object kind."""
+    """`object`: an entity id, or for a relation without object kind the value ("12 March 1843", "1871")."""
 
     subject: str
     relation: str
@@ -230,8 +314,8 @@ class Passage:
 class Step:
     """One step of an ideal trajectory.
 
-    action "search": `text` is the query, which should retrieve `passage_id`; that passage's `fact` sentence says
-    that `relation` of `subject` is `found`. action "answer": `text` is the final answer.
+    action "search": `text` is the query, which should retrieve `passage_id`; that passage's `fact` sentence
+    says that `relation` of `subject` is `found`. action "answer": `text` is the final answer.
     """
 
     action: str
@@ -252,16 +336,19 @@ class World:
 
     def __post_init__(self):
         self._by_name = {e.name: e for e in self.entities.values()}
-        self._where = {(f.subject, f.relation): (f, p, s) for p in self.passages for f, s in zip(p.facts, p.sentences)}
+        self._where = {
+            (f.subject, f.relation): (f, p, s) for p in self.passages for f, s in zip(p.facts, p.sentences)
+        }
 
-    def entity_named(self, name: str) -> Entity:
-        return self._by_name[name]
+    def entity_named(self, name: str) -> Entity | None:
+        """The entity with this name (names are unique), or None."""
+        return self._by_name.get(name)
 
     def has(self, subject_id: str, relation: str) -> bool:
         return (subject_id, relation) in self._where
 
     def statement(self, subject_id: str, relation: str) -> tuple[Fact, Passage, str]:
-        """The fact `relation` of a subject, the passage stating it and the sentence that does; KeyError if none."""
+        """(fact, passage, sentence) stating `relation` of a subject; KeyError if the subject has none."""
         return self._where[(subject_id, relation)]
 
     def object_text(self, fact: Fact) -> str:
@@ -304,15 +391,31 @@ class World:
 def solution_trace(question: QAExample, world: World) -> list[Step]:
     """The ideal trajectory for a question of this world: one search per hop, then the answer.
 
-    Each query is the hop's subject name plus its relation's words, e.g. "Velmar Rising film directed director".
+    Each query is the hop's subject name plus its relation's words, e.g. "Velmar Rising film directed
+    director".
     """
     meta = question.metadata
     steps = []
     for name, relation, passage_id in zip(meta["hop_entities"], meta["relations"], question.supporting_ids):
-        fact, passage, sentence = world.statement(world.entity_named(name).id, relation)
-        assert passage.id == passage_id, (question.id, passage.id, passage_id)
-        steps.append(Step("search", f"{name} {RELATIONS[relation].query}", passage_id, name, relation,
-                          world.object_text(fact), sentence))
+        entity = world.entity_named(name)
+        if entity is None or not world.has(entity.id, relation):
+            raise ValueError(f"question {question.id}: no {relation!r} fact about {name!r} in this world")
+        fact, passage, sentence = world.statement(entity.id, relation)
+        if passage.id != passage_id:
+            raise ValueError(
+                f"question {question.id}: passage {passage_id} is not where this world states it"
+            )
+        steps.append(
+            Step(
+                "search",
+                f"{name} {RELATIONS[relation].query}",
+                passage_id=passage_id,
+                subject=name,
+                relation=relation,
+                found=world.object_text(fact),
+                fact=sentence,
+            )
+        )
     steps.append(Step("answer", question.golden_answers[0]))
     return steps
 
@@ -358,11 +461,12 @@ def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[d
     names = _Names(rng)
     entities: dict[str, Entity] = {}
     facts: list[Fact] = []
-
     counts: dict[str, int] = {}
+    taken: set[str] = set()  # entity names
 
     def add(kind: str, name: str, aliases: tuple[str, ...] = (), distractor: bool = False) -> str:
         counts[kind] = counts.get(kind, 0) + 1
+        taken.add(name)
         entity = Entity(f"{kind}_{counts[kind] - 1}", kind, name, aliases, distractor)
         entities[entity.id] = entity
         return entity.id
@@ -388,12 +492,10 @@ def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[d
 
     given = [names.word() for _ in range(max(8, config.n_people // 3))]
     family = [names.word(2, 2) for _ in range(max(8, config.n_people // 3))]
-    full_names: set[str] = set()
 
     def person_name() -> str:
-        while (name := f"{rng.choice(given)} {rng.choice(family)}") in full_names:
+        while (name := f"{rng.choice(given)} {rng.choice(family)}") in taken:
             pass
-        full_names.add(name)
         return name
 
     titles = {  # kind -> how a name is built from a root word
@@ -413,14 +515,14 @@ def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[d
     films = [add_titled("film", names.word()) for _ in range(config.n_films)]
     books = [add_titled("book", names.word()) for _ in range(config.n_books)]
 
-    birth_year = {p: rng.randint(1820, 1990) for p in people}
+    birth_year = {p: rng.randint(1820, 1960) for p in people}
     for p in people:
         fact(p, "born_in", rng.choice(cities))
         fact(p, "birth_date", date(birth_year[p]))
         if rng.random() < 0.85:
             fact(p, "works_for", rng.choice(orgs))
     shuffled = rng.sample(people, len(people))
-    for a, b in zip(shuffled[0:int(0.6 * len(people)):2], shuffled[1:int(0.6 * len(people)):2]):
+    for a, b in zip(shuffled[0 : int(0.6 * len(people)) : 2], shuffled[1 : int(0.6 * len(people)) : 2]):
         fact(a, "spouse_of", b)
         fact(b, "spouse_of", a)
     for org in orgs:
@@ -428,10 +530,12 @@ def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[d
         fact(org, "founded_by", founder)
         fact(org, "founded_year", str(birth_year[founder] + rng.randint(25, 60)))
         fact(org, "headquartered_in", rng.choice(cities))
-    for kind, creators, year_relation, items in (("directed_by", people, "released_in", films),
-                                                 ("written_by", people, "published_in", books)):
+    for kind, year_relation, items in (
+        ("directed_by", "released_in", films),
+        ("written_by", "published_in", books),
+    ):
         for item in items:
-            creator = rng.choice(creators)
+            creator = rng.choice(people)
             fact(item, kind, creator)
             fact(item, year_relation, str(birth_year[creator] + rng.randint(22, 60)))
 
@@ -443,12 +547,13 @@ def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[d
             like = rng.choice({"person": people, "org": orgs, "film": films, "book": books}[kind])
             if kind == "person":
                 first, last = entities[like].name.split(" ")
-                name = f"{rng.choice(given)} {last}" if rng.random() < 0.5 else f"{first} {rng.choice(family)}"
+                name = (
+                    f"{rng.choice(given)} {last}" if rng.random() < 0.5 else f"{first} {rng.choice(family)}"
+                )
             else:
                 name = titles[kind](root_of[like])
-            if name not in full_names and name not in {e.name for e in entities.values()}:
+            if name not in taken:
                 break
-        full_names.add(name)
         entity = add(kind, name, distractor=True)
         year = rng.randint(1820, 1990)
         if kind == "person":
@@ -488,15 +593,18 @@ def _render(f: Fact, entities: dict[str, Entity], rng: random.Random) -> str:
 
 
 def _make_questions(world: World, config: WorldConfig, rng: random.Random) -> dict[str, list[QAExample]]:
-    """Per split: hop counts by `hop_mix` (largest remainder), questions drawn without repeats across splits."""
+    """Per split: hop counts by `hop_mix` (largest remainder); no question is drawn twice, in any split."""
     chains = _chain_pools(world, rng)
     used: set[tuple] = set()
     questions: dict[str, list[QAExample]] = {}
     for split, size in zip(SPLITS, config.split_sizes):
         counts = _allocate(size, config.hop_mix)
         n_comparisons = round(counts[1] * config.comparison_share)
-        drawn = [_draw_chain(world, chains[h], h, rng) for h in (1, 2, 3, 4)
-                 for _ in range(counts[h - 1] - (n_comparisons if h == 2 else 0))]
+        drawn = [
+            _draw_chain(world, chains[h], h, rng)
+            for h in (1, 2, 3, 4)
+            for _ in range(counts[h - 1] - (n_comparisons if h == 2 else 0))
+        ]
         drawn += [_draw_comparison(world, used, rng) for _ in range(n_comparisons)]
         rng.shuffle(drawn)
         questions[split] = [dataclasses.replace(q, id=f"{split}_{i}") for i, q in enumerate(drawn)]
@@ -506,7 +614,7 @@ def _make_questions(world: World, config: WorldConfig, rng: random.Random) -> di
 def _allocate(total: int, mix: tuple[float, ...]) -> list[int]:
     shares = [total * m / sum(mix) for m in mix]
     counts = [int(s) for s in shares]
-    for i in sorted(range(len(mix)), key=lambda i: counts[i] - shares[i])[:total - sum(counts)]:
+    for i in sorted(range(len(mix)), key=lambda i: counts[i] - shares[i])[: total - sum(counts)]:
         counts[i] += 1
     return counts
 
@@ -542,13 +650,16 @@ def _chain_pools(world: World, rng: random.Random) -> dict[int, dict[tuple[str, 
     return pools
 
 
-def _draw_chain(world: World, pool: dict[tuple[str, ...], list[tuple[str, ...]]], hops: int,
-                rng: random.Random) -> QAExample:
+def _draw_chain(
+    world: World, pool: dict[tuple[str, ...], list[tuple[str, ...]]], hops: int, rng: random.Random
+) -> QAExample:
     """Pops a chain of a uniformly chosen relation pattern and words it as a question."""
     patterns = sorted(p for p, candidates in pool.items() if candidates)
     if not patterns:
-        raise ValueError(f"the world has too few {hops}-hop chains for the requested questions; "
-                         "enlarge it (more entities) or lower split_sizes")
+        raise ValueError(
+            f"the world has too few {hops}-hop chains for the requested questions; "
+            "enlarge it (more entities) or lower split_sizes"
+        )
     start, *relations = pool[rng.choice(patterns)].pop()
     subject, phrase, hop_names, supporting = start, world.entities[start].name, [], []
     for i, relation in enumerate(relations):
@@ -561,18 +672,25 @@ def _draw_chain(world: World, pool: dict[tuple[str, ...], list[tuple[str, ...]]]
         phrase = rng.choice(templates).format(x=phrase)
         subject = fact.object
     kind = "single" if hops == 1 else "bridge" if hops == 2 else "compositional"
-    return QAExample("", phrase, world.answers(fact), supporting,
-                     {"hops": hops, "type": kind, "relations": list(relations), "hop_entities": hop_names})
+    return QAExample(
+        "",
+        phrase,
+        world.answers(fact),
+        supporting,
+        {"hops": hops, "type": kind, "relations": list(relations), "hop_entities": hop_names},
+    )
 
 
 def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAExample:
     """A new two-subject comparison: which comes first/last by year, or yes/no same object (half yes)."""
-    relations = sorted((*ORDER_COMPARISONS, *SAME_COMPARISONS))
-    for _ in range(10_000):
+    subjects_of = {
+        relation: [e.id for e in world.entities.values() if not e.distractor and world.has(e.id, relation)]
+        for relation in sorted((*ORDER_COMPARISONS, *SAME_COMPARISONS))
+    }
+    relations = [relation for relation, subjects in subjects_of.items() if len(subjects) >= 2]
+    for _ in range(10_000 if relations else 0):
         relation = rng.choice(relations)
-        subjects = [e.id for e in world.entities.values()
-                    if not e.distractor and e.kind == RELATIONS[relation].subject
-                    and world.has(e.id, relation)]
+        subjects = subjects_of[relation]
         a, b = rng.sample(subjects, 2)
         fa, fb = world.statement(a, relation)[0], world.statement(b, relation)[0]
         if relation in SAME_COMPARISONS:
@@ -602,9 +720,18 @@ def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAEx
             a_first = _year(fa.object) < _year(fb.object)
             answer = name_a if a_first == ask_first else name_b
         supporting = [world.statement(a, relation)[1].id, world.statement(b, relation)[1].id]
-        return QAExample("", question, [answer], supporting, {"hops": 2, "type": "comparison",
-                                                             "relations": [relation, relation],
-                                                             "hop_entities": [name_a, name_b]})
+        return QAExample(
+            "",
+            question,
+            [answer],
+            supporting,
+            {
+                "hops": 2,
+                "type": "comparison",
+                "relations": [relation, relation],
+                "hop_entities": [name_a, name_b],
+            },
+        )
     raise ValueError("the world has too few distinct comparisons for the requested questions; enlarge it")
 
 

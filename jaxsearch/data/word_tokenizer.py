@@ -14,6 +14,7 @@ ASCII, spaces, newlines and tabs; any other character becomes `<unk>`. Control-t
 id only with `allow_special=True` (otherwise it is spelled out), so user content cannot forge a turn boundary;
 tags are ordinary tokens, as in Qwen's vocabulary, and `decode(..., skip_special=True)` keeps them.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,9 +29,22 @@ import numpy as np
 from jaxsearch.models.tokenizer import pad_batch
 
 CONTROL_TOKENS = ("<pad>", "<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>",
-        "</answer>", "<knowledge>", "</knowledge>", "<evidence>", "</evidence>", "<information_source>",
-        "</information_source>")
+TAGS = (
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<answer>",
+    "</answer>",
+    "<knowledge>",
+    "</knowledge>",
+    "<evidence>",
+    "</evidence>",
+    "<information_source>",
+    "</information_source>",
+)
 CHARACTERS = ("\n", "\t", *(chr(c) for c in range(32, 127)))
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 ALWAYS_INCLUDED = f"system user assistant {DEFAULT_SYSTEM_PROMPT}"  # what `apply_chat_template` adds
@@ -45,7 +59,7 @@ class WordTokenizer:
 
     def __init__(self, tokens: Sequence[str]):
         fixed = (*CONTROL_TOKENS, *TAGS, *(" " + t for t in TAGS), *CHARACTERS)
-        if tuple(tokens[:len(fixed)]) != fixed:
+        if tuple(tokens[: len(fixed)]) != fixed:
             raise ValueError("tokens must start with the control tokens, tags, spaced tags and characters")
         self._tokens = list(tokens)
         self._ids = {token: i for i, token in enumerate(self._tokens)}
@@ -62,8 +76,8 @@ class WordTokenizer:
     def build(cls, texts: Iterable[str], min_count: int = 1) -> WordTokenizer:
         """The vocabulary of `texts`: words seen at least `min_count` times, and the chat template's words.
 
-        Pass every text the model will see: corpus, questions, answers and the protocol's prompt and observation
-        templates. Words left out still round-trip, one character per token.
+        Pass every text the model will see: corpus, questions, answers and the protocol's prompt and
+        observation templates. Words left out still round-trip, one character per token.
         """
         counts = collections.Counter(_WORD.findall(ALWAYS_INCLUDED))
         for text in texts:
@@ -119,7 +133,9 @@ class WordTokenizer:
         seqs = [self.encode(text, allow_special=allow_special) for text in texts]
         return pad_batch(seqs, self.pad_id, padding_side, max_length)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         """ChatML, as Qwen2.5's template renders it, with `DEFAULT_SYSTEM_PROMPT` when none is given.
 
         Encode the result with `allow_special=True` to get the `<|im_start|>` / `<|im_end|>` ids.
