@@ -20,21 +20,24 @@ DOCS = [
     Doc("d2", "William Shakespeare", "English playwright.", 2.0),
 ]
 
-# PeterGriffinJin/Search-R1, scripts/data_process/nq_search.py, make_prefix(template_type='base'); the question
-# is stripped and given a "?" by process_fn.
+# PeterGriffinJin/Search-R1, scripts/data_process/nq_search.py, make_prefix(template_type='base'); the
+# question is stripped and given a "?" by process_fn.
 SEARCH_R1_PREFIX = """Answer the given question. \
 You must conduct reasoning inside <think> and </think> first every time you get new information. \
-After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> \
-and it will return the top searched results between <information> and </information>. \
+After reasoning, if you find you lack some knowledge, you can call a search engine by \
+<search> query </search> and it will return the top searched results between <information> and \
+</information>. \
 You can search as many times as your want. \
 If you find no further external knowledge needed, you can directly provide the answer inside <answer> and \
-</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: who wrote hamlet?\n"""
+</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. \
+Question: who wrote hamlet?\n"""
 
 # Search-R1, search_r1/llm_agent/generation.py, execute_predictions (invalid action) and _passages2string with
 # wiki-18 contents '"Title"\ntext' (the title keeps its quotes).
 SEARCH_R1_HINT = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
-    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
 )
 SEARCH_R1_OBSERVATION = (
     '\n\n<information>Doc 1(Title: "Hamlet") Hamlet is a tragedy by William Shakespeare.\n'
@@ -107,13 +110,15 @@ def test_graph_r1_prompt_and_observation():
     protocol = get_protocol("graph_r1")
     # yxzwang/EarlyKnowledgeAlignment script_process.py: instruction_following + "Question: " + question.
     assert protocol.user_prompt("Who directed Jaws?") == (
-        "Answer the given question. You can query from knowledge base provided to you to answer the question. "
-        "You can query knowledge as many times as you want.\n"
-        "You must first conduct reasoning inside <think>...</think>. If you need to query knowledge, you can set "
-        "a query statement between <query>...</query> to query from knowledge base after <think>...</think>.\n"
-        "When you have the final answer, you can output the answer inside <answer>...</answer>.\n\n"
+        "Answer the given question. You can query from knowledge base provided to you to answer the "
+        "question. You can query knowledge as many times as you want.\n"
+        "You must first conduct reasoning inside <think>...</think>. If you need to query knowledge, you can "
+        "set a query statement between <query>...</query> to query from knowledge base after "
+        "<think>...</think>.\nWhen you have the final answer, you can output the answer inside "
+        "<answer>...</answer>.\n\n"
         "Output format for tool call:\n<think>\n...\n</think>\n<query>\n...\n</query>\n\n"
-        "Output format for answer:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\nQuestion: Who directed Jaws?"
+        "Output format for answer:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\n"
+        "Question: Who directed Jaws?"
     )
     # ppo_trainer.yaml tool_custom_response_template, after the <|im_end|> Graph-R1 appends to the response.
     assert protocol.format_observation(DOCS[:1]) == (
@@ -122,7 +127,8 @@ def test_graph_r1_prompt_and_observation():
     )
     assert protocol.invalid_hint() == (
         "<|im_end|><|im_start|>user\n<knowledge>\nInvalid tool call format. Please use "
-        '<query>{"query": "statement"}</query> format.\n</knowledge><|im_end|>\n<|im_start|>assistant\n<think>\n'
+        '<query>{"query": "statement"}</query> format.\n</knowledge><|im_end|>\n'
+        "<|im_start|>assistant\n<think>\n"
     )
     assert protocol.observation_allow_special
     assert protocol.stop_strings == ("</query>", "</answer>")
@@ -184,10 +190,10 @@ def test_eka_variants_follow_their_backbone():
     assert graph_r1.parse_action('<query>{"query": "q"}</query>') == Action("search", "q")
     # seed 000 Table 1 / script_process.py instruction_following_Retrievalinitial
     assert graph_r1.user_prompt("Q?", "<knowledge>\nK\n</knowledge>").startswith(
-        "Answer the given question. You can query from knowledge base provided to you to answer the question. "
-        "You can query knowledge as many times as you want. The initial knowledge you need for the first think is "
-        "between <knowledge>...</knowledge>.\nYou must first conduct reasoning inside <think>...</think> relied on "
-        "the initial knowledge."
+        "Answer the given question. You can query from knowledge base provided to you to answer the "
+        "question. You can query knowledge as many times as you want. The initial knowledge you need for the "
+        "first think is between <knowledge>...</knowledge>.\nYou must first conduct reasoning inside "
+        "<think>...</think> relied on the initial knowledge."
     )
     assert graph_r1.user_prompt("Q?", "<knowledge>\nK\n</knowledge>").endswith(
         "</answer>\nQuestion: Q?\n<knowledge>\nK\n</knowledge>\n"
@@ -247,12 +253,16 @@ def test_soar_prompts_and_two_streams():
 
     observation = protocol.format_observation(DOCS, internal_text)
     assert observation == (
-        "\n\n<information>Internal information:\n1. The treaty was signed in Paris.\n2. It was signed in 1803.\n"
-        '3. A third.\nExternal information:\nDoc 1(Title: "Hamlet") Hamlet is a tragedy by William Shakespeare.\n'
-        'Doc 2(Title: "William Shakespeare") English playwright.</information>\n\n'
+        "\n\n<information>Internal information:\n"
+        "1. The treaty was signed in Paris.\n2. It was signed in 1803.\n3. A third.\n"
+        'External information:\nDoc 1(Title: "Hamlet") Hamlet is a tragedy by William '
+        'Shakespeare.\nDoc 2(Title: "William Shakespeare") English playwright.</information>\n\n'
     )
     assert protocol.needs_internal_knowledge and protocol.invalid_hint() == SEARCH_R1_HINT
     assert protocol.parse_action("<search>q</search>") == Action("search", "q")
+
+
+SOURCE = "<information_source>{}</information_source>"
 
 
 @pytest.mark.parametrize(
@@ -261,10 +271,7 @@ def test_soar_prompts_and_two_streams():
         ("<information_source>external</information_source><answer>Paris</answer>", "external"),
         ("<information_source> Internal\n</information_source>", "internal"),
         ("<information_source>\u201cinternal\u201d</information_source>", "internal"),
-        (
-            "<information_source>internal</information_source> <information_source>external</information_source>",
-            "external",
-        ),
+        (f"{SOURCE.format('internal')} {SOURCE.format('external')}", "external"),
         ("<information_source>both</information_source>", None),
         ("<answer>Paris</answer>", None),
         ("<information>1. <information_source>internal</information_source></information>", None),

@@ -14,9 +14,10 @@ chat special tokens (Graph-R1 closes the assistant turn around its `<knowledge>`
 Sources (reference text only; every string below is typed out from them):
 
 - search_r1: PeterGriffinJin/Search-R1, `scripts/data_process/nq_search.py` (`make_prefix`, and the question
-  made to end in "?") and `search_r1/llm_agent/generation.py` (`_postprocess_responses` + `postprocess_predictions`
-  for actions, `execute_predictions` for the observation and the invalid-action text, `_passages2string` for
-  the passages). Search-R1 has no note for the last turn: it decodes once more without search.
+  made to end in "?") and `search_r1/llm_agent/generation.py` (`_postprocess_responses` and
+  `postprocess_predictions` for actions, `execute_predictions` for the observation and the invalid-action
+  text, `_passages2string` for the passages). Search-R1 has no note for the last turn: it decodes once more,
+  and a search there gets no observation (`do_search=False`).
 - graph_r1: Graph-R1 as forked by EKA (yxzwang/EarlyKnowledgeAlignment): `script_process.py`
   (`instruction_following`), `agent/tool/tool_env.py` (JSON `<query>`, invalid-call text), and the
   `tool_custom_response_template` of `verl/trainer/config/ppo_trainer.yaml`; Graph-R1's own server returns
@@ -88,8 +89,8 @@ _GRAPH_R1_OUTPUT_FORMAT = (
 GRAPH_R1_PROMPT = (
     "Answer the given question. You can query from knowledge base provided to you to answer the question. "
     "You can query knowledge as many times as you want.\n"
-    "You must first conduct reasoning inside <think>...</think>. If you need to query knowledge, you can set a "
-    "query statement between <query>...</query> to query from knowledge base after <think>...</think>.\n"
+    "You must first conduct reasoning inside <think>...</think>. If you need to query knowledge, you can set "
+    "a query statement between <query>...</query> to query from knowledge base after <think>...</think>.\n"
     "When you have the final answer, you can output the answer inside <answer>...</answer>.\n"
     + _GRAPH_R1_OUTPUT_FORMAT
     + "Question: {question}"
@@ -98,42 +99,45 @@ EKA_GRAPH_R1_PROMPT = (
     "Answer the given question. You can query from knowledge base provided to you to answer the question. "
     "You can query knowledge as many times as you want. "
     "The initial knowledge you need for the first think is between <knowledge>...</knowledge>.\n"
-    "You must first conduct reasoning inside <think>...</think> relied on the initial knowledge. If you need to "
-    "query knowledge, you can set a query statement between <query>...</query> to query from knowledge base "
-    "after <think>...</think>.\n"
+    "You must first conduct reasoning inside <think>...</think> relied on the initial knowledge. If you need "
+    "to query knowledge, you can set a query statement between <query>...</query> to query from knowledge "
+    "base after <think>...</think>.\n"
     "When you have the final answer, you can output the answer inside <answer>...</answer>.\n"
     + _GRAPH_R1_OUTPUT_FORMAT
     + "Question: {question}"
 )
 # Graph-R1 appends <|im_end|> to a response that made a query, then this turn change around the knowledge.
-GRAPH_R1_OBSERVATION = "<|im_end|><|im_start|>user\n<knowledge>\n{knowledge}\n</knowledge><|im_end|>\n<|im_start|>assistant\n<think>\n"
+GRAPH_R1_OBSERVATION = (
+    "<|im_end|><|im_start|>user\n<knowledge>\n{knowledge}\n</knowledge><|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n"
+)
 GRAPH_R1_INVALID_CALL = 'Invalid tool call format. Please use <query>{"query": "statement"}</query> format.'
 
 SOAR_SYSTEM_PROMPT = (
-    "You are an expert assistant capable of solving knowledge-intensive tasks efficiently. You will be given a "
-    "question to answer as accurately as possible by carefully balancing INTERNAL information and EXTERNAL "
+    "You are an expert assistant capable of solving knowledge-intensive tasks efficiently. You will be given "
+    "a question to answer as accurately as possible by carefully balancing INTERNAL information and EXTERNAL "
     "information.\n\n"
     "If you find you lack some knowledge, you can call an information engine by <search> query </search>. It "
     "will return the top internal and external information.\n\n"
     "To arrive at the answer, you will proceed step-by-step in a structured cycle of <think>, <search>, "
-    "<information>, and <information_source> sequences. At end, you should use <answer> to provide answer. You "
-    "can only generate content within these special tags.\n\n"
+    "<information>, and <information_source> sequences. At end, you should use <answer> to provide answer. "
+    "You can only generate content within these special tags.\n\n"
     "Thinking Phase (<think>): For question, it may be decomposed into sub-questions for you to think about. "
-    "Some sub-questions may be answered by searching, while others may not. You can also use the <think> tag to "
-    "express your uncertainty about the sub-question, weigh the accuracy and usefulness of both types of "
+    "Some sub-questions may be answered by searching, while others may not. You can also use the <think> tag "
+    "to express your uncertainty about the sub-question, weigh the accuracy and usefulness of both types of "
     "information, and decide whether further search is needed.\n\n"
     "Searching Phase (<search>): Formulate a search query only if required to fill a knowledge gap or verify "
     "uncertainty.\n\n"
     "Information Phase (<information>): Use internal and external results as context for further steps.\n\n"
     "Information Source (<information_source>): Before providing your final answer, indicate clearly whether "
-    "you are using your own internal knowledge or external information. Only output either \u201cinternal\u201d "
-    "or \u201cexternal\u201d inside this tag, nothing else."
+    "you are using your own internal knowledge or external information. Only output either "
+    "\u201cinternal\u201d or \u201cexternal\u201d inside this tag, nothing else."
 )
 SOAR_INTERNAL_KNOWLEDGE_PROMPT = (
     "You are a helpful assistant.\n\n"
     "Your task is to list knowledge relevant to the question using ONLY your internal knowledge. Do NOT "
-    "invent, guess, speculate, or hallucinate any facts. If your internal knowledge is limited, state only what "
-    "is confidently known.\n\n"
+    "invent, guess, speculate, or hallucinate any facts. If your internal knowledge is limited, state only "
+    "what is confidently known.\n\n"
     "You must STRICTLY follow all rules below:\n\n"
     "1) Your output MUST contain exactly {k} items.\n\n"
     "2) Each item MUST be a single declarative sentence.\n\n"
@@ -148,8 +152,8 @@ RSEARCH_SYSTEM_PROMPT = (
     "</information>. You can perform multiple searches as needed.\n"
     "When you know the final answer, use <evidence> and </evidence> to provide all potentially relevant "
     "original information from the observations. Ensure the information is complete and preserves the "
-    "original wording without modification. If no searches were conducted or observations were made, omit the "
-    "evidence section. Finally, provide the final answer within <answer> and </answer> tags."
+    "original wording without modification. If no searches were conducted or observations were made, omit "
+    "the evidence section. Finally, provide the final answer within <answer> and </answer> tags."
 )
 
 
@@ -200,7 +204,7 @@ class AgentProtocol:
         return system + [{"role": "user", "content": self.user_prompt(question, initial_context)}]
 
     def initial_context(self, questions: Sequence[str], retriever: Retriever, k: int) -> list[str | None]:
-        """Context placed in the prompt before the first turn, one per question; None when the method has none."""
+        """Context for the prompt before the first turn, one per question; None when the method has none."""
         return [None] * len(questions)
 
     def parse_action(self, segment_text: str) -> Action:

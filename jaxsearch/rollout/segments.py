@@ -42,7 +42,7 @@ _TAG = re.compile(r"<([A-Za-z_][A-Za-z0-9_\-]*)>")
 
 
 def label_token_segments(token_texts: Sequence[bytes], tags: Mapping[str, str]) -> np.ndarray:
-    """Segment id [T] int32 of each token; `tags` maps an opening tag ("<query>") to a segment name ("search")."""
+    """Segment id [T] int32 per token; `tags` maps an opening tag ("<query>") to a segment name ("search")."""
     names = _tag_segments(tags)
     offsets = np.cumsum([0] + [len(t) for t in token_texts])
     text = b"".join(token_texts)
