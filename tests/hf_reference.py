@@ -41,10 +41,13 @@ TINY_CONFIGS = {
 }
 
 
-def make_hf_model(name: str, seed: int = 0) -> Qwen2ForCausalLM:
-    """A random transformers Qwen2 with non-zero biases and non-unit norm weights (fp32, eval mode)."""
+def make_hf_model(name: str, seed: int = 0, init_std: float = 0.02) -> Qwen2ForCausalLM:
+    """A random transformers Qwen2 with non-zero biases and non-unit norm weights (fp32, eval mode).
+
+    init_std 0.2 gives a model whose greedy output varies (at 0.02 it repeats one or two tokens).
+    """
     torch.manual_seed(seed)
-    cfg = Qwen2Config(max_position_embeddings=512, **TINY_CONFIGS[name])
+    cfg = Qwen2Config(max_position_embeddings=512, initializer_range=init_std, **TINY_CONFIGS[name])
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():

@@ -333,3 +333,11 @@ def test_protocol_and_cache(tok):
     QwenTokenizer()
     assert tokenizer_lib._encoding.cache_info().hits == hits + 1
     assert tokenizer_lib._encoding.cache_info().misses == 1
+
+
+def test_token_bytes_concatenate_to_the_decoded_text():
+    tok = QwenTokenizer()
+    for text in ("Hello, world! 你好 🤖 </search>\n\n", "x = [1, 2]\n\tprint(x)"):
+        ids = tok.encode(text)
+        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8") == text
+    assert tok.token_bytes(151645) == b"<|im_end|>"

@@ -54,6 +54,10 @@ class Tokenizer(Protocol):
 
     def id_to_token(self, token_id: int) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id adds to decoded text: decode(ids) is the UTF-8 decoding of their concatenation."""
+        ...
+
     def batch_encode(
         self,
         texts: Sequence[str],
@@ -145,6 +149,10 @@ class QwenTokenizer:
         """The text of one token (a special token's name; U+FFFD where a token holds part of a character)."""
         token_bytes = self._enc.decode_single_token_bytes(self._check_id(token_id))
         return token_bytes.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (its text for a special token); may be part of a UTF-8 character."""
+        return self._enc.decode_single_token_bytes(self._check_id(token_id))
 
     def batch_encode(
         self,

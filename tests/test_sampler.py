@@ -1,0 +1,245 @@
+"""The jitted sampler against transformers' generate, numpy references and a Python stop-string scan."""
+
+import numpy as np
+import pytest
+import torch
+
+import jax
+import jax.numpy as jnp
+
+from jaxsearch.models import hf_io, qwen2
+from jaxsearch.rollout import sampler as S
+from hf_reference import make_hf_model
+
+PIECES = [
+    b"</",
+    b"search",
+    b">",
+    b"</search>",
+    b"ing</",
+    b"answer>",
+    b"</answer",
+    b">\n\n",
+    b"<",
+    b"/",
+    b"se",
+    b"arch>",
+    b"x",
+    b" ",
+    b"an",
+    b"swer>",
+    b"s",
+    b"e",
+    b"a",
+    b"r",
+    b"c",
+    b"h",
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    hf = make_hf_model("untied_gqa2_hd32", seed=7, init_std=0.2)
+    path = tmp_path_factory.mktemp("sampler_model")
+    hf.save_pretrained(path)
+    config, params = hf_io.load_hf(str(path))
+    return hf, config, params
+
+
+def piece_table(vocab, stops, eos_ids=()):
+    """Token i's bytes are PIECES[i % len(PIECES)]: tags get split across tokens in many ways."""
+    table = np.zeros((vocab, S.MAX_TOKEN_BYTES), np.uint8)
+    lengths = np.zeros(vocab, np.int32)
+    for i in range(vocab):
+        p = PIECES[i % len(PIECES)]
+        table[i, : len(p)] = np.frombuffer(p, np.uint8)
+        lengths[i] = len(p)
+    return S.StopTable.from_arrays(table, lengths, stops, eos_ids)
+
+
+def test_greedy_generate_equals_transformers(model):
+    hf, config, params = model
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, config.vocab_size, n).tolist() for n in (5, 11, 3)]
+    ours = S.generate(config, params, prompts, 24)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ref = hf.generate(
+        ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[:, width:].tolist()
+    assert ours == ref
+    assert len(set(sum(ref, []))) > 10  # the reference output is not degenerate
+
+
+def test_generate_stops_at_a_stop_id(model):
+    _, config, params = model
+    prompt = [[3, 4, 5]]
+    free = S.generate(config, params, prompt, 16)[0]
+    stop_id = free[5]
+    first = free.index(stop_id)
+    assert S.generate(config, params, prompt, 16, stop=[stop_id])[0] == free[: first + 1]
+
+
+def _reference_stop(byte_pieces, stops):
+    """Python scan: the first token after which the segment's bytes contain a stop string."""
+    text = b""
+    for t, piece in enumerate(byte_pieces):
+        text += piece
+        for s_idx, s in enumerate(stops):
+            if s in text:
+                return t + 1, s_idx
+    return None
+
+
+def test_stop_strings_found_however_tokens_split_them(model):
+    _, config, params = model
+    stops = ["</search>", "</answer>"]
+    table = piece_table(config.vocab_size, stops)
+    smp = S.Sampler(config, table, cache_len=128, max_segment=48, sampling=S.SamplingParams(1.0))
+    prompts = [[1 + i, 2 + i, 3] for i in range(16)]
+    state = smp.start(params, prompts, seed=0)
+    seg, _ = smp.decode(params, state, 48)
+    n_stopped = 0
+    for b in range(16):
+        toks = seg.tokens[b, : seg.length[b]]
+        ref = _reference_stop([PIECES[t % len(PIECES)] for t in toks], [s.encode() for s in stops])
+        if ref is None:
+            assert seg.length[b] == 48 and seg.stop[b] == S.STOP_BUDGET, b
+        else:
+            n_stopped += 1
+            assert (seg.length[b], seg.stop[b]) == ref, b
+    assert n_stopped >= 4  # the check really exercised stops
+
+
+def test_roll_window_and_match_against_python():
+    table = piece_table(40, ["</search>", "</answer>"])
+    rng = np.random.default_rng(1)
+    seqs = rng.integers(0, 40, (6, 30))
+    window = jnp.zeros((6, S.window_size(table)), jnp.uint8)
+    texts = [b""] * 6
+    for t in range(30):
+        window = S.roll_window(window, jnp.asarray(seqs[:, t], jnp.int32), table)
+        texts = [texts[b] + PIECES[seqs[b, t] % len(PIECES)] for b in range(6)]
+        w = np.asarray(window)
+        for b in range(6):
+            tail = texts[b][-w.shape[1] :]
+            assert bytes(w[b, w.shape[1] - len(tail) :]) == tail
+        hits = np.asarray(S.match_stops(window, table))
+        for b in range(6):
+            tail = bytes(w[b])
+            expect = 0 if b"</search>" in tail else (1 if b"</answer>" in tail else -1)
+            assert hits[b] == expect
+
+
+def test_recorded_logprobs_equal_a_fresh_forward(model):
+    _, config, params = model
+    table = piece_table(config.vocab_size, [])
+    smp = S.Sampler(config, table, cache_len=64, max_segment=20, sampling=S.SamplingParams(1.0))
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    state = smp.start(params, prompts, seed=3)
+    seg, _ = smp.decode(params, state, 20)
+    for b, p in enumerate(prompts):
+        gen = seg.tokens[b, : seg.length[b]].tolist()
+        seq = np.asarray([p + gen])
+        logp = qwen2.token_logprobs(config, params, seq[:, :-1], np.ones_like(seq[:, :-1]), seq[:, 1:])
+        np.testing.assert_allclose(seg.logprobs[b, : len(gen)], np.asarray(logp)[0, len(p) - 1 :], atol=1e-4)
+        logits = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)), np.float64)[0]
+        lp = (
+            logits
+            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - logits.max(-1, keepdims=True)
+        )
+        ent = -(np.exp(lp) * lp).sum(-1)[len(p) - 1 : -1]
+        np.testing.assert_allclose(seg.entropy[b, : len(gen)], ent, atol=1e-4)
+
+
+def test_top_k_and_top_p_sample_only_allowed_tokens():
+    rng = np.random.default_rng(2)
+    logits = jnp.asarray(rng.normal(size=(4, 50)) * 3, jnp.float32)
+    keys = jax.random.split(jax.random.key(0), 4)
+    probs = np.exp(np.asarray(logits) - np.asarray(logits).max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    order = np.argsort(-probs, -1)
+    top3 = [set(order[b, :3]) for b in range(4)]
+    nucleus = []
+    for b in range(4):  # smallest prefix of sorted tokens whose mass reaches 0.6
+        cum = np.cumsum(probs[b, order[b]])
+        nucleus.append(set(order[b, : int(np.searchsorted(cum, 0.6)) + 1]))
+    seen_k, seen_p = [set() for _ in range(4)], [set() for _ in range(4)]
+    for c in range(200):
+        counters = jnp.full((4,), c)
+        tk, lpk, _ = S.sample_tokens(logits, keys, counters, S.SamplingParams(1.0, top_k=3))
+        tp, _, _ = S.sample_tokens(logits, keys, counters, S.SamplingParams(1.0, top_p=0.6))
+        for b in range(4):
+            seen_k[b].add(int(tk[b]))
+            seen_p[b].add(int(tp[b]))
+            # log-prob under the renormalised top-3 distribution
+            z = probs[b, list(top3[b])].sum()
+            np.testing.assert_allclose(float(lpk[b]), np.log(probs[b, int(tk[b])] / z), atol=1e-5)
+    assert all(seen_k[b] == top3[b] for b in range(4))
+    assert all(seen_p[b] == nucleus[b] for b in range(4))
+
+
+def test_budget_cut_leaves_other_rows_untouched(model):
+    _, config, params = model
+    table = piece_table(config.vocab_size, [])
+    smp = S.Sampler(config, table, cache_len=64, max_segment=20, sampling=S.SamplingParams(0.0))
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    full, _ = smp.decode(params, smp.start(params, prompts, 0), 20)
+    cut, state = smp.decode(params, smp.start(params, prompts, 0), np.array([3, 20, 0]))
+    assert list(cut.length) == [3, 20, 0] and list(cut.stop) == [S.STOP_BUDGET] * 3
+    np.testing.assert_array_equal(cut.tokens[0, :3], full.tokens[0, :3])
+    np.testing.assert_array_equal(cut.tokens[1], full.tokens[1])
+    assert list(np.asarray(state.cache["lengths"])) == [3 + 3, 2 + 20, 4]
+
+
+def test_sampling_of_a_row_does_not_depend_on_its_batch(model):
+    _, config, params = model
+    table = piece_table(config.vocab_size, [])
+    smp = S.Sampler(config, table, cache_len=64, max_segment=16, sampling=S.SamplingParams(1.0))
+    keys = jax.random.split(jax.random.key(5), 3)
+    both, _ = smp.decode(params, smp.start(params, [[1, 2, 3], [4, 5], [6]], keys), 16)
+    alone, _ = smp.decode(params, smp.start(params, [[4, 5]], keys[1:2]), 16)
+    np.testing.assert_array_equal(both.tokens[1], alone.tokens[0])
+
+
+def test_multi_turn_appends_match_forward_and_compile_nothing_new(model):
+    """4 turns of decode + append with varied observation lengths; a second batch reuses every compile."""
+    _, config, params = model
+    table = piece_table(config.vocab_size, ["</search>"])
+    smp = S.Sampler(
+        config,
+        table,
+        cache_len=256,
+        max_segment=12,
+        sampling=S.SamplingParams(0.0),
+        prompt_buckets=[16],
+        chunk_buckets=[8, 16],
+    )
+    rng = np.random.default_rng(4)
+    counts = []
+    for batch in range(2):
+        prompts = [rng.integers(1, 200, n).tolist() for n in (7, 12, 4)]
+        state = smp.start(params, prompts, seed=batch)
+        history = [list(p) for p in prompts]
+        for turn in range(4):
+            seg, state = smp.decode(params, state, 12)
+            for b in range(3):
+                history[b] += seg.tokens[b, : seg.length[b]].tolist()
+            # the first two turns meet both chunk buckets (16, then 8); later lengths are random
+            fixed = {(0, 0): [3, 12, 0], (0, 1): [5, 2, 7]}
+            lengths = fixed.get((batch, turn), rng.integers(0, 16, 3))
+            obs = [rng.integers(1, 200, n).tolist() for n in lengths]
+            state = smp.append(params, state, obs)
+            for b in range(3):
+                history[b] += obs[b]
+            counts.append(smp.compiled_count())
+        # the cache now holds exactly the history: the next-token logits agree with a full forward
+        for b in range(3):
+            seq = np.asarray([history[b]])
+            ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
+            np.testing.assert_allclose(np.asarray(state.logits[b]), ref, atol=2e-4)
+        assert list(np.asarray(state.cache["lengths"])) == [len(h) for h in history]
+    # prefill + decode loop + one append per chunk bucket, all compiled during the first two turns
+    assert counts == [3] + [1 + 1 + 2] * 7, counts
