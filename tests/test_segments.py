@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from jaxsearch.models.tokenizer import QwenTokenizer
 from jaxsearch.rollout.segments import SEGMENT_IDS, label_batch, label_token_segments
 
 TAGS = {
@@ -217,3 +218,24 @@ def test_label_batch_right_padded_rows():
 def test_label_batch_checks_lengths():
     with pytest.raises(ValueError, match="lengths"):
         label_batch(np.zeros((1, 3), int), [4], lambda i: b"a", TAGS)
+
+
+def test_qwen_tokens_of_a_search_r1_trajectory():
+    tokenizer = QwenTokenizer()
+    text = (
+        "<think>I need the author.</think>\n<search> author of hamlet </search>"
+        "\n\n<information></information>\n\n<think>thinking</think> <answer> Shakespeare </answer>"
+    )
+    pairs = [
+        (b"<th", TH), (b"ink", TH), (b">I", TH), (b" need", TH), (b" the", TH), (b" author", TH),
+        (b".</", TH), (b"think", TH), (b">\n", TH),
+        (b"<", S), (b"search", S), (b">", S), (b" author", S), (b" of", S), (b" ham", S), (b"let", S),
+        (b" </", S), (b"search", S), (b">\n\n", S),
+        (b"<", INF), (b"information", INF), (b"></", INF), (b"information", INF), (b">\n\n", INF),
+        (b"<th", TH), (b"ink", TH), (b">", TH), (b"thinking", TH), (b"</", TH), (b"think", TH), (b">", TH),
+        (b" <", A), (b"answer", A), (b">", A), (b" Shakespeare", A), (b" </", A), (b"answer", A), (b">", A),
+    ]  # fmt: skip
+    ids = tokenizer.encode(text)
+    assert [tokenizer.token_bytes(i) for i in ids] == [t for t, _ in pairs]
+    got = label_batch(np.array([ids]), [len(ids)], tokenizer.token_bytes, TAGS)
+    assert got[0].tolist() == [e for _, e in pairs]
