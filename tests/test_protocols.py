@@ -244,7 +244,7 @@ def test_soar_prompts_and_two_streams():
     assert internal[0]["content"].endswith("4) Output ONLY the 3 numbered bullets and nothing else.")
 
     generation = (
-        "1. The treaty was signed in Paris.\n2) It was signed in 1803.\nnot a bullet\n3. A third.\n4. Extra."
+        "1. The treaty was signed in Paris.\n2) It was signed in 1803.\n3.5 is no bullet\n3. A third.\n4. X."
     )
     facts = protocol.parse_internal_facts(generation, 3)
     assert facts == ["The treaty was signed in Paris.", "It was signed in 1803.", "A third."]

@@ -369,7 +369,7 @@ class SoarProtocol(AgentProtocol):
     @staticmethod
     def parse_internal_facts(text: str, k: int) -> list[str]:
         """The first `k` numbered bullets ("1. ..." or "1) ...") of an internal-knowledge generation."""
-        facts = [m.group(1).strip() for m in re.finditer(r"^\s*\d+[.)]\s*(\S.*)$", text, re.MULTILINE)]
+        facts = [m.group(1).strip() for m in re.finditer(r"^[ \t]*\d+[.)][ \t]+(\S.*)$", text, re.MULTILINE)]
         return facts[:k]
 
     @staticmethod
