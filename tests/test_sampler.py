@@ -241,5 +241,6 @@ def test_multi_turn_appends_match_forward_and_compile_nothing_new(model):
             ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
             np.testing.assert_allclose(np.asarray(state.logits[b]), ref, atol=2e-4)
         assert list(np.asarray(state.cache["lengths"])) == [len(h) for h in history]
-    # prefill + decode loop + one append per chunk bucket, all compiled during the first two turns
-    assert counts == [3] + [1 + 1 + 2] * 7, counts
+    # every shape (prompt bucket, decode loop, chunk buckets 16 and 8) is met in the first two turns;
+    # after that nothing compiles (counts are per jitted function, shared with other tests' samplers)
+    assert len(set(counts[1:])) == 1, counts

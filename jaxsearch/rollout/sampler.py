@@ -302,7 +302,8 @@ class Sampler:
         self._decode = jax.jit(decode_segment, static_argnums=(0, 5, 6), donate_argnums=(2,))
 
     def compiled_count(self) -> int:
-        """Number of compiled variants so far (a multi-turn rollout should stop growing it)."""
+        """Compiled variants of prefill / extend / decode (jax caches them per function, so the count
+        includes other Samplers' compiles). A multi-turn rollout must stop growing it after warm-up."""
         return sum(f._cache_size() for f in (self._prefill, self._extend, self._decode))
 
     def start(self, params, prompts: Sequence[Sequence[int]], seed: int | jax.Array) -> DecodeState:
