@@ -97,12 +97,15 @@ def bench_bm25(corpus_path, passages, queries, index_dir, rows):
     corpus.close()
 
 
-def bench_flat(n, batch, rows):
+def bench_flat(n, batch) -> list[tuple[str, str, str]]:
+    """FAISS Flat as the retriever configures it (BLAS), FAISS's default dispatch, and numpy."""
     import faiss
 
-    from jaxsearch.retrieval.dense import fill_index, new_index
+    from jaxsearch.retrieval.dense import fill_index, new_index, prefer_blas
 
+    faiss_default = faiss.cvar.distance_compute_blas_threshold
     rng = np.random.default_rng(0)
+    rows = []
     for dim in (384, 768):
         base = rng.standard_normal((n, dim), dtype=np.float32)
         base /= np.linalg.norm(base, axis=1, keepdims=True)
@@ -110,6 +113,9 @@ def bench_flat(n, batch, rows):
         queries /= np.linalg.norm(queries, axis=1, keepdims=True)
         index = new_index("flat", dim, n)
         fill_index(index, base, progress=False)
+        faiss.cvar.distance_compute_blas_threshold = faiss_default
+        default_s = timed(lambda: index.search(queries, 10), repeat=3)
+        prefer_blas()
         search_s = timed(lambda: index.search(queries, 10), repeat=3)
         _, rows_faiss = index.search(queries, 10)
 
@@ -120,11 +126,24 @@ def bench_flat(n, batch, rows):
 
         base_s = timed(numpy_topk, repeat=3)
         assert (numpy_topk() == rows_faiss).mean() > 0.99  # same answers
-        rows.append((f"FAISS Flat search, d={dim}, batch {batch}, k=10", f"{batch / search_s:,.0f} queries/s", ""))
-        rows.append(("  baseline: numpy matmul + argpartition", f"{batch / base_s:,.0f} queries/s",
-                     f"{base_s / search_s:.1f}x"))
+        rows.append((f"FAISS Flat search (retriever: BLAS), d={dim}, batch {batch}, k=10",
+                     f"{batch / search_s:,.0f} queries/s", f"{base_s / search_s:.1f}x"))
+        rows.append((f"  FAISS default dispatch (SIMD below queries*dim={faiss_default})",
+                     f"{batch / default_s:,.0f} queries/s", f"{base_s / default_s:.1f}x"))
+        rows.append(("  baseline: numpy matmul + argpartition", f"{batch / base_s:,.0f} queries/s", ""))
         del index, base
-    rows.append(("(faiss threads)", str(faiss.omp_get_max_threads()), ""))
+    return rows
+
+
+def flat_rows_in_child(n, batch, wait_policy) -> list[tuple[str, str, str]]:
+    """Run `bench_flat` in a fresh process: OMP_WAIT_POLICY only takes effect at process start."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if wait_policy:
+        env["OMP_WAIT_POLICY"] = wait_policy
+    out = subprocess.run([sys.executable, __file__, "--flat-only", "--passages", str(n), "--batch", str(batch)],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    label = f"OMP_WAIT_POLICY={wait_policy}" if wait_policy else "OMP_WAIT_POLICY unset"
+    return [(f"[{label}] {what}", result, ratio) for what, result, ratio in json.loads(out)]
 
 
 def bench_encoder(batch, rows):
@@ -191,7 +210,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256, help="queries per search call")
     p.add_argument("--clients", default="1,16,64", help="concurrent server clients to try")
     p.add_argument("--requests-per-client", type=int, default=40)
+    p.add_argument("--flat-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.flat_only:
+        print(json.dumps(bench_flat(args.passages, args.batch)))
+        return
 
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -201,7 +224,11 @@ def main() -> None:
         index_dir = os.path.join(work, "bm25")
         bench_bm25(corpus_path, passages, queries, index_dir, rows)
         del passages
-        bench_flat(args.passages, args.batch, rows)
+        import faiss
+
+        rows.append(("FAISS OpenMP threads", str(faiss.omp_get_max_threads()), ""))
+        for policy in ("", "PASSIVE"):
+            rows += flat_rows_in_child(args.passages, args.batch, policy)
         bench_encoder(args.batch, rows)
         bench_server(corpus_path, index_dir, queries, [int(c) for c in args.clients.split(",")],
                      args.requests_per_client, rows)

@@ -9,7 +9,12 @@ The previous index at --out stays loadable until the new one is complete (the bu
 last finished batch when the same command is run again.
 """
 import argparse
+import os
 import sys
+
+# FAISS's OpenMP threads spin between calls and starve its BLAS threads: on 2 cores a Flat search ran
+# 3-5x slower than with passive waiting (bench/retrieval.py). Must be set before faiss is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from jaxsearch.retrieval import bm25, build, dense
 from jaxsearch.retrieval.corpus import CorpusError

@@ -7,7 +7,12 @@ POST /retrieve {"queries": [str], "topk": int, "return_scores": bool} -> {"resul
 GET /health. Concurrent requests are answered by one batched search. Binds 127.0.0.1 unless --host.
 """
 import argparse
+import os
 import sys
+
+# FAISS's OpenMP threads spin between calls and starve its BLAS threads: on 2 cores a Flat search ran
+# 3-5x slower than with passive waiting (bench/retrieval.py). Must be set before faiss is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from jaxsearch.retrieval import bm25, dense
 

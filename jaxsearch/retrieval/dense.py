@@ -77,6 +77,15 @@ def configure(index: faiss.Index, ef_search: int = 128, nprobe: int = 64) -> Non
         inner.nprobe = nprobe
 
 
+def prefer_blas() -> None:
+    """Score every query batch with BLAS (process-wide FAISS setting).
+
+    FAISS 1.15 uses its own SIMD loop while queries * dim < 128000 (batch 256 of dim 384: 98304);
+    bench/retrieval.py measures BLAS ~12x faster there and no slower from 4 queries up.
+    """
+    faiss.cvar.distance_compute_blas_threshold = 1
+
+
 def to_gpu(index: faiss.Index) -> faiss.Index:
     """Shard `index` over all visible GPUs when faiss-gpu is installed; otherwise return it unchanged."""
     if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
@@ -89,7 +98,11 @@ def to_gpu(index: faiss.Index) -> faiss.Index:
 
 
 class DenseRetriever:
-    """`search(queries, k)`: encode queries, search the FAISS index, fetch passages by row."""
+    """`search(queries, k)`: encode queries, search the FAISS index, fetch passages by row.
+
+    On CPU, start the process with OMP_WAIT_POLICY=PASSIVE (the launch scripts do): otherwise FAISS's
+    spinning OpenMP threads slow its BLAS searches several-fold on small hosts (bench/RESULTS.md).
+    """
 
     def __init__(self, corpus: Corpus, index: faiss.Index, encoder: Encoder, ef_search: int = 128,
                  nprobe: int = 64, use_gpu: bool = True):
@@ -99,6 +112,7 @@ class DenseRetriever:
         if index.d != encoder.dim:
             raise ValueError(f"FAISS index dim {index.d} != encoder {encoder.spec.model} dim {encoder.dim}")
         configure(index, ef_search, nprobe)
+        prefer_blas()
         self.corpus = corpus
         self.encoder = encoder
         self.index = to_gpu(index) if use_gpu else index
