@@ -84,11 +84,14 @@ def bench_bm25(corpus_path, passages, queries, index_dir, rows):
     retriever = BM25Retriever.load(index_dir, corpus)
     retriever.search(queries[:8], 10)
     search_s = timed(lambda: retriever.search(queries, 10), repeat=2)
+    stop = frozenset(retriever.stopwords)
+    tokens = sum(len(tokenize(" ".join(p), stop)) for p in passages)
+    disk = sum(os.path.getsize(os.path.join(index_dir, f)) for f in os.listdir(index_dir))
     rows.append(("Corpus scan (offsets, validation)", f"{len(corpus) / scan_s:,.0f} passages/s", ""))
-    rows.append(("BM25 build (bm25s)", f"{build_s:.1f} s, peak RSS +{rss_build:,.0f} MB", ""))
+    rows.append(("BM25 build (bm25s)", f"{build_s:.1f} s, peak RSS +{rss_build:,.0f} MB "
+                 f"({rss_build * 2**20 / tokens:.0f} bytes/token), index on disk {disk / 2**20:,.0f} MB", ""))
     rows.append(("BM25 search, batch %d, k=10" % len(queries), f"{len(queries) / search_s:,.0f} queries/s", ""))
 
-    stop = frozenset(retriever.stopwords)
     okapi = BM25Okapi([tokenize(" ".join(p), stop) for p in passages])
     sample = queries[:32]
     base_s = timed(lambda: [np.argpartition(-okapi.get_scores(tokenize(q, stop)), 10)[:10] for q in sample])

@@ -16,7 +16,7 @@ import sys
 # 3-5x slower than with passive waiting (bench/retrieval.py). Must be set before faiss is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from jaxsearch.retrieval import bm25, build, dense
+from jaxsearch.retrieval import bm25, build, dense  # noqa: E402
 from jaxsearch.retrieval.corpus import CorpusError
 
 MEMORY_NOTES = f"""memory (the corpus stays on disk; RAM holds 8 bytes/passage of line offsets):

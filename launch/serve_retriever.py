@@ -14,7 +14,7 @@ import sys
 # 3-5x slower than with passive waiting (bench/retrieval.py). Must be set before faiss is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from jaxsearch.retrieval import bm25, dense
+from jaxsearch.retrieval import bm25, dense  # noqa: E402
 
 MEMORY_NOTES = f"""memory (the corpus stays on disk; RAM holds 8 bytes/passage of line offsets):
 {bm25.MEMORY}

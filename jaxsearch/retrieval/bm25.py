@@ -20,10 +20,10 @@ from jaxsearch.retrieval.corpus import Corpus
 
 TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
 META_FILE = "meta.json"
-MEMORY = """bm25   build: every passage's token ids (4 bytes/token) plus bm25s's score arrays (~12 bytes per
-         distinct (passage, term) pair); wiki-18 (21M passages, ~1.3B tokens after stopwords) wants
-         ~40 GB. Search: the saved index (~8 bytes per pair, ~10 GB for wiki-18) is memory-mapped;
-         RAM holds the vocabulary plus one float32 score per passage per query in flight."""
+MEMORY = """bm25   build: peak ~35 bytes per token after stopwords (bench/retrieval.py, 100k passages);
+         wiki-18 (21M passages, ~1.3B tokens) wants ~45 GB. Search: the saved index (~6 bytes/token
+         on disk, ~8 GB for wiki-18) is memory-mapped; RAM holds the vocabulary plus one float32
+         score per passage for the query being scored (84 MB for wiki-18)."""
 
 
 def tokenize(text: str, stopwords: frozenset[str]) -> list[str]:
