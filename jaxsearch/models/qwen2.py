@@ -25,7 +25,8 @@ on small models a decode step costs per op rather than per FLOP.
     final_norm/scale         [E]
     lm_head/kernel           [E, V]        (embed, vocab)    absent when embeddings are tied
 
-The KV cache is a pytree `{"k": [L, B, S, K, D], "v": [L, B, S, K, D], "lengths": [B]}`: row b holds its
+The KV cache is a pytree `{"k": L x [B, S, K, D], "v": L x [B, S, K, D], "lengths": [B]}` (a tuple of
+per-layer arrays, so each decode step updates every layer's buffer in place): row b holds its
 valid tokens in slots [0, lengths[b]) and its next token has position lengths[b]. `extend` appends a
 chunk of tokens per row (padding anywhere in the chunk is skipped), which serves prefill (empty
 cache), one-token decode and appending retrieved observations at each row's own offset.
@@ -483,12 +484,13 @@ def token_logprobs(
 
 
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> dict:
-    """An empty cache: k, v [L, B, S, K, D] zeros in the compute dtype; lengths [B] int32 zeros."""
-    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    """An empty cache: k, v tuples of L zero arrays [B, S, K, D] in the compute dtype; lengths [B] zeros."""
+    shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
     dtype = dtype or config.compute_dtype
+    layers = range(config.num_hidden_layers)
     return {
-        "k": jnp.zeros(shape, dtype),
-        "v": jnp.zeros(shape, dtype),
+        "k": tuple(jnp.zeros(shape, dtype) for _ in layers),
+        "v": tuple(jnp.zeros(shape, dtype) for _ in layers),
         "lengths": jnp.zeros((batch,), jnp.int32),
     }
 
@@ -507,7 +509,7 @@ def extend(
         token_mask = jnp.ones_like(tokens)
     token_mask = token_mask.astype(bool)
     b, t = tokens.shape
-    s = cache["k"].shape[2]
+    s = cache["k"][0].shape[1]
     offset = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1  # index among the row's valid tokens
     slot = cache["lengths"][:, None] + offset  # [B, T] slot (== position)
     write_slot = jnp.where(token_mask, slot, s)  # s: out of range, dropped
@@ -520,8 +522,9 @@ def extend(
 
     def writer(layer):
         def kv_write(k, v):
-            k_all = cache["k"][layer].at[rows, write_slot].set(k.astype(cache["k"].dtype), mode="drop")
-            v_all = cache["v"][layer].at[rows, write_slot].set(v.astype(cache["v"].dtype), mode="drop")
+            k_cache, v_cache = cache["k"][layer], cache["v"][layer]
+            k_all = k_cache.at[rows, write_slot].set(k.astype(k_cache.dtype), mode="drop")
+            v_all = v_cache.at[rows, write_slot].set(v.astype(v_cache.dtype), mode="drop")
             return k_all, v_all, (k_all, v_all)
 
         return kv_write
@@ -535,8 +538,8 @@ def extend(
         [writer(i) for i in range(config.num_hidden_layers)],
     )
     new_cache = {
-        "k": jnp.stack([kv[0] for kv in new_kvs]),
-        "v": jnp.stack([kv[1] for kv in new_kvs]),
+        "k": tuple(kv[0] for kv in new_kvs),
+        "v": tuple(kv[1] for kv in new_kvs),
         "lengths": new_lengths,
     }
     if not all_logits:

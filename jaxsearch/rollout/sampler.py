@@ -211,7 +211,7 @@ def decode_segment(
     (tokens [B, N], logprobs [B, N], entropy [B, N], length [B], stop [B], new DecodeState).
     """
     b = budget.shape[0]
-    s_max = state.cache["k"].shape[2]
+    s_max = state.cache["k"][0].shape[1]
     budget = jnp.minimum(budget, s_max - state.cache["lengths"])  # never write past the cache end
     window_len = window_size(table)
     rows = jnp.arange(b)
