@@ -37,14 +37,14 @@ def test_killed_dense_build_keeps_previous_index_and_resumes(tmp_path, small_cor
     before = make_retriever("bm25", corpus=small_corpus, index=out, progress=False).search(["Lisul River"], 3)
 
     progress = os.path.join(out + ".partial", "progress.json")
-    args = ["--corpus", small_corpus, "--retriever", "dense", "--encoder", "minilm", "--batch-size", "8", "--out", out]
+    args = ["--corpus", small_corpus, "--retriever", "dense", "--encoder", "minilm", "--batch-size", "2", "--out", out]
     proc = subprocess.Popen(BUILD + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
-            if os.path.exists(progress) and json.load(open(progress))["rows_done"] >= 16:
+            if os.path.exists(progress) and json.load(open(progress))["rows_done"] >= 8:
                 break
-            time.sleep(0.02)
+            time.sleep(0.005)
         assert proc.poll() is None, proc.stderr.read().decode()  # still encoding: kill it midway
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -52,7 +52,7 @@ def test_killed_dense_build_keeps_previous_index_and_resumes(tmp_path, small_cor
         proc.kill()
         proc.stderr.close()
     rows_done = json.load(open(progress))["rows_done"]
-    assert 16 <= rows_done < 120
+    assert 8 <= rows_done < 120
 
     after = make_retriever("bm25", corpus=small_corpus, index=out, progress=False).search(["Lisul River"], 3)
     assert after == before and after[0][0].title == "Lisul River"
