@@ -1,0 +1,209 @@
+"""The policy (and critic) update: one jitted function, sharded over a mesh, with donation.
+
+    step = make_train_step(model_config, loss_config, optimizer, mesh)      # jitted, shardings fixed
+    state, metrics = step(state, batch)
+
+`batch` holds a rollout's trajectories, each row prompt + response, right-padded ([B, T]):
+    tokens, attention_mask, loss_mask      int32
+    advantages                             [B] (GRPO, per sequence) or [B, T] (GAE)
+    old_logprobs, ref_logprobs             [B, T] fp32, the log-prob of tokens[b, t] (position 0 unused)
+The loss is the clipped surrogate over loss-mask tokens + kl_coef * KL(policy || reference) as a
+loss - entropy_coef * entropy. Gradient accumulation runs the micro-batches in a `lax.scan` and
+weights each by its share of the full batch's normaliser, so it equals the full-batch gradient.
+A non-finite loss or gradient skips the update (params and optimizer state unchanged) and counts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxsearch import parallel
+from jaxsearch.models import qwen2
+from jaxsearch.rl import losses
+
+BATCH_KEYS = ("tokens", "attention_mask", "loss_mask", "advantages", "old_logprobs", "ref_logprobs")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The policy objective. Static under jit."""
+
+    policy_loss: str = "ppo"
+    clip_eps: float = 0.2
+    clip_eps_low: float | None = None
+    clip_eps_high: float | None = None
+    dual_clip_c: float | None = None
+    agg_mode: str = "token-mean"
+    kl_coef: float = 0.001  # KL as a loss; 0 switches it off (KL as a reward penalty is the trainer's)
+    kl_kind: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    micro_batches: int = 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    params: Any
+    opt_state: Any
+    step: jax.Array  # int32 scalar: updates applied
+    skipped: jax.Array  # int32 scalar: updates skipped for a non-finite loss or gradient
+
+
+def make_optimizer(
+    learning_rate: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    weight_decay: float = 0.01,
+    grad_clip: float = 1.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+) -> optax.GradientTransformation:
+    """AdamW with linear warmup, then constant or cosine decay, after global-norm clipping."""
+    if schedule == "constant":
+        decay = optax.constant_schedule(learning_rate)
+    elif schedule == "cosine":
+        decay = optax.cosine_decay_schedule(learning_rate, max(total_steps - warmup_steps, 1))
+    else:
+        raise ValueError(f"schedule={schedule!r}: expected 'constant' or 'cosine'")
+    lr = optax.join_schedules(
+        [optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps]
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(grad_clip), optax.adamw(lr, b1, b2, weight_decay=weight_decay)
+    )
+
+
+def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:
+    """Optimizer state is created under jit so it inherits the params' shardings; scalars (counts, step)
+    are replicated over the mesh."""
+    replicated = NamedSharding(mesh, P())
+
+    def place(x):
+        on_mesh = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+        return x if on_mesh else jax.device_put(x, replicated)
+
+    opt_state = jax.tree_util.tree_map(place, jax.jit(optimizer.init)(params))
+    zero = lambda: jax.device_put(jnp.zeros((), jnp.int32), replicated)  # two buffers: both are donated
+    return TrainState(params, opt_state, zero(), zero())
+
+
+def sequence_logprobs(config: qwen2.Qwen2Config, params, tokens, attention_mask, return_entropy=False):
+    """log p(tokens[b, t] | tokens[b, :t]) as [B, T] (0 at t = 0), and the entropy there if asked."""
+    out = qwen2.token_logprobs(
+        config, params, tokens[:, :-1], attention_mask[:, :-1], tokens[:, 1:], return_entropy=return_entropy
+    )
+    pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
+    return tuple(pad(x) for x in out) if return_entropy else pad(out)
+
+
+def _normaliser(loss_mask, agg_mode):
+    """What `agg_loss` divides by: mask-1 tokens, or rows with at least one mask-1 token."""
+    if agg_mode == "token-mean":
+        return jnp.sum(loss_mask)
+    return jnp.sum(jnp.any(loss_mask > 0, axis=-1))
+
+
+def policy_loss(config: qwen2.Qwen2Config, loss_cfg: LossConfig, params, batch):
+    """(scalar loss, stats) for one (micro-)batch, both normalised within it."""
+    mask = batch["loss_mask"].astype(jnp.float32)
+    logp, entropy = sequence_logprobs(config, params, batch["tokens"], batch["attention_mask"], True)
+    pg_loss, stats = losses.get_policy_loss(loss_cfg.policy_loss)(
+        logp,
+        batch["old_logprobs"],
+        batch["advantages"],
+        mask,
+        clip_eps=loss_cfg.clip_eps,
+        clip_eps_low=loss_cfg.clip_eps_low,
+        clip_eps_high=loss_cfg.clip_eps_high,
+        dual_clip_c=loss_cfg.dual_clip_c,
+        agg_mode=loss_cfg.agg_mode,
+    )
+    loss = pg_loss
+    stats = dict(stats, pg_loss=pg_loss, entropy=losses.agg_loss(entropy, mask, loss_cfg.agg_mode))
+    if loss_cfg.kl_coef:
+        kl = losses.agg_loss(
+            losses.kl_penalty(logp, batch["ref_logprobs"], loss_cfg.kl_kind), mask, loss_cfg.agg_mode
+        )
+        loss = loss + loss_cfg.kl_coef * kl
+        stats["kl"] = kl
+    if loss_cfg.entropy_coef:
+        loss = loss - loss_cfg.entropy_coef * stats["entropy"]
+    return loss, stats
+
+
+def train_step(config, loss_cfg: LossConfig, optimizer, state: TrainState, batch):
+    """One update from a full batch (accumulated over `loss_cfg.micro_batches`)."""
+    m = loss_cfg.micro_batches
+    total = jnp.maximum(_normaliser(batch["loss_mask"], loss_cfg.agg_mode), 1)
+
+    def micro(b):
+        weight = _normaliser(b["loss_mask"], loss_cfg.agg_mode) / total
+        (loss, stats), grads = jax.value_and_grad(
+            lambda p: jax.tree_util.tree_map(lambda x: x * weight, policy_loss(config, loss_cfg, p, b)),
+            has_aux=True,
+        )(state.params)
+        return loss, stats, grads
+
+    if m == 1:
+        loss, stats, grads = micro(batch)
+    else:
+        split = jax.tree_util.tree_map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
+
+        def body(acc, b):
+            out = micro(b)
+            return jax.tree_util.tree_map(jnp.add, acc, out), None
+
+        zeros = jax.tree_util.tree_map(
+            jnp.zeros_like, jax.eval_shape(micro, jax.tree_util.tree_map(lambda x: x[0], split))
+        )
+        (loss, stats, grads), _ = jax.lax.scan(body, zeros, split)
+
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = TrainState(
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state),
+        step=state.step + finite.astype(jnp.int32),
+        skipped=state.skipped + (~finite).astype(jnp.int32),
+    )
+    metrics = dict(stats, loss=loss, grad_norm=grad_norm, update_skipped=~finite)
+    return new_state, metrics
+
+
+def state_shardings(state: TrainState):
+    return jax.tree_util.tree_map(lambda x: x.sharding, state)
+
+
+def batch_shardings(mesh, batch: dict):
+    return {k: parallel.batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
+
+
+def make_train_step(config, loss_cfg: LossConfig, optimizer, mesh, state: TrainState, batch_example: dict):
+    """`train_step` jitted with the state's shardings in and out, the batch over the data axes, and the
+    state donated. `state` / `batch_example` fix the shardings (shapes of later batches must match)."""
+    s_shard = state_shardings(state)
+    return jax.jit(
+        functools.partial(train_step, config, loss_cfg, optimizer),
+        in_shardings=(s_shard, batch_shardings(mesh, batch_example)),
+        out_shardings=(s_shard, None),
+        donate_argnums=(0,),
+    )
+
+
+def make_logprob_fn(config, mesh, params, batch_example: dict):
+    """Jitted [B, T] log-probs of `tokens` under `params` (old policy or reference), sharded like the step."""
+    shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
+    p_shard = jax.tree_util.tree_map(lambda x: x.sharding, params)
+    fn = lambda p, tokens, mask: sequence_logprobs(config, p, tokens, mask)
+    return jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
