@@ -40,8 +40,8 @@ class FakeOpenAI:
     """`/v1/chat/completions` that records each request and replies with JSON echoing the last message:
     `{"reason": "echo: <content>", "grounded": <"</information>" in content>}`.
 
-    `script` holds what the next requests get instead, in order: an HTTP status code, or "hang" (sleep
-    past the client's timeout, then answer). max_tokens above 4096 is a 400, as vLLM's context check.
+    `script` holds what the next requests get instead, in order: an HTTP status code, "hang" (sleep past
+    the client's timeout, then answer) or "garbage" (200 without choices). max_tokens above 4096 is a 400, as vLLM's context check.
     """
 
     def __init__(self):
@@ -57,6 +57,8 @@ class FakeOpenAI:
             try:
                 step = self.script.pop(0) if self.script else None
                 await asyncio.sleep(1.0 if step == "hang" else self.delay)
+                if step == "garbage":
+                    return {"object": "chat.completion", "choices": []}
                 if isinstance(step, int):
                     return JSONResponse(
                         {"error": {"message": f"scripted {step}", "code": step}}, status_code=step
@@ -202,6 +204,13 @@ def test_4xx_is_not_retried_and_shows_the_servers_message(fake):
     with pytest.raises(ValueError, match=r"HTTP 400\).*max_tokens=9000 exceeds the context of 4096 tokens"):
         model.chat([user("too long")], 9000, 0.0)
     assert len(server.requests) == 1 and time.monotonic() - start < 2
+
+
+def test_a_reply_without_choices_is_a_clear_error(fake):
+    server, url = fake
+    server.reset(script=["garbage"])
+    with pytest.raises(ValueError, match=r"chat/completions: expected a chat completion with choices\[0\]"):
+        J.OpenAIChatModel(url, MODEL).chat([user("x")], 8, 0.0)
 
 
 def test_fabrication_judge_over_http(fake):

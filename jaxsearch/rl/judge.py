@@ -25,7 +25,7 @@ import os
 import string
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 import httpx
 import jax.numpy as jnp
@@ -36,8 +36,6 @@ from jaxsearch.models import hf_io
 from jaxsearch.models.tokenizer import QwenTokenizer
 from jaxsearch.rl.rewards import extract_answer
 from jaxsearch.rollout.sampler import Sampler, SamplingParams, StopTable
-
-Messages = Sequence[Mapping[str, str]]
 
 RSEARCH_EVIDENCE_PROMPT = (
     "Answer the question based on the given passages. Only give me the answer and do not output any other "
@@ -99,7 +97,7 @@ class OpenAIChatModel:
                 "model": self.model,
                 "messages": list(m),
                 "max_tokens": int(max_tokens),
-                "temperature": temperature,
+                "temperature": float(temperature),
             }
             for m in batch
         ]
@@ -131,8 +129,8 @@ class OpenAIChatModel:
                 )
             return self._reply_text(response)
         raise ChatModelUnavailable(
-            f"chat server {self.url} is down: {self.retries + 1} attempts over {time.monotonic() - start:.1f}s "
-            f"failed; last error: {error}"
+            f"chat server {self.url} is down: {self.retries + 1} attempts over "
+            f"{time.monotonic() - start:.1f}s failed; last error: {error}. Is it running at this base_url?"
         )
 
     def _reply_text(self, response: httpx.Response) -> str:
@@ -160,6 +158,8 @@ class LocalChatModel:
     so shapes stay static. A reply ends at the tokenizer's eos or after `max_tokens`, capped by
     `max_new_tokens` (the decode loop's static length). Each temperature gets its own compiled sampler;
     the one for `temperature` is built here. Sampled chunks use seeds `seed`, `seed + 1`, ... in call order.
+
+    tokenizer: a Tokenizer, "qwen" for Qwen2.5's, or the path of a word-tokenizer JSON file.
     """
 
     def __init__(
@@ -173,6 +173,7 @@ class LocalChatModel:
         batch_size: int = 8,
         seed: int = 0,
     ):
+        tokenizer = _tokenizer(tokenizer)
         self.config, self.params, self.tokenizer = config, params, tokenizer
         self.cache_len, self.max_new_tokens, self.batch_size = cache_len, max_new_tokens, batch_size
         self.table = StopTable.build(tokenizer, [], [tokenizer.eos_id], config.vocab_size)
@@ -182,17 +183,14 @@ class LocalChatModel:
 
     @classmethod
     def load(cls, path: str, tokenizer, dtype=jnp.float32, **kwargs) -> LocalChatModel:
-        """From a checkpoint dir: jaxsearch params (config.json + params/) or HF safetensors.
-
-        tokenizer: a Tokenizer, "qwen" for Qwen2.5's, or the path of a word-tokenizer JSON file.
-        """
+        """From a checkpoint dir: jaxsearch params (config.json + params/) or HF safetensors."""
         if os.path.isdir(os.path.join(path, "params")):
             config, params = checkpoint.restore_params(path, dtype=dtype)
         else:
             config, params = hf_io.load_hf(path, dtype=dtype)
-        return cls(config, params, _tokenizer(tokenizer), **kwargs)
+        return cls(config, params, tokenizer, **kwargs)
 
-    def sampler(self, temperature: float):
+    def sampler(self, temperature: float) -> Sampler:
         """The sampler decoding at `temperature` (built and cached on first use)."""
         temperature = float(temperature)
         if temperature not in self._samplers:
@@ -215,7 +213,8 @@ class LocalChatModel:
         for i, p in enumerate(prompts):
             if len(p) + budget > self.cache_len:
                 raise ValueError(
-                    f"conversation {i}: {len(p)} prompt tokens + {budget} new tokens exceed cache_len={self.cache_len}"
+                    f"conversation {i}: {len(p)} prompt tokens + {budget} new tokens "
+                    f"exceed cache_len={self.cache_len}"
                 )
         sampler = self.sampler(temperature)
         replies = []
@@ -253,9 +252,7 @@ def make_chat_model(kind: str, **kwargs) -> ChatModel:
     if kind == "openai":
         return OpenAIChatModel(**kwargs)
     if kind == "local":
-        if "path" in kwargs:
-            return LocalChatModel.load(**kwargs)
-        return LocalChatModel(**{**kwargs, "tokenizer": _tokenizer(kwargs.get("tokenizer"))})
+        return LocalChatModel.load(**kwargs) if "path" in kwargs else LocalChatModel(**kwargs)
     raise ValueError(f"unknown chat model kind {kind!r}; choose from {CHAT_MODEL_KINDS}")
 
 
