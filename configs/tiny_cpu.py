@@ -1,0 +1,53 @@
+"""The embedded default: a search agent trained end to end on a CPU in minutes.
+
+A synthetic multi-hop world (fictional facts: no model can know them), BM25 over its passages, a word-level
+tokenizer, a ~0.2M-parameter Qwen2; an SFT warm start on templated trajectories, then GRPO.
+
+    python launch/train.py --config configs/tiny_cpu.py
+"""
+
+from configs import base
+
+
+def get_config():
+    c = base.get_config()
+    c.seed = 0
+    c.world.size, c.world.seed = "tiny", 0
+    c.model.update(
+        dict(
+            preset="",
+            dtype="float32",
+            param_dtype="float32",
+            remat=False,
+            logprob_chunk=512,
+            vocab_size=-1,
+            hidden_size=64,
+            intermediate_size=192,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            tie_word_embeddings=True,
+        )
+    )
+    c.retriever.update(dict(kind="bm25", url="", encoder=""))
+    c.data.update(dict(batch_size=8, group_size=4, eval_examples=50))
+    c.rollout.update(
+        dict(
+            max_turns=4,
+            retrieval_k=1,
+            initial_k=1,
+            max_segment_tokens=48,
+            max_obs_tokens=96,
+            cache_len=512,
+            temperature=1.0,
+        )
+    )
+    c.sft.update(dict(steps=300, lr=3e-3, batch_size=16, warmup=20, max_len=448))
+    c.algo.update(dict(kl_coef=0.001, mini_batches=1, micro_batches=1))
+    c.optim.update(dict(lr=1e-4, warmup_ratio=0.0))
+    c.reward.terms = (("em", 1.0),)
+    c.total_steps = 30
+    c.eval_every = 30
+    c.save_every = 10
+    c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+    return c

@@ -1,0 +1,86 @@
+"""The stages behind `launch/train.py`: an optional synthetic world, an optional SFT warm start, then RL.
+
+    WORKDIR/world/   corpus.jsonl, train/dev/test.jsonl, tokenizer.json   (config.world.size set)
+    WORKDIR/sft/     metrics.jsonl, params/ (orbax)                       (config.sft.steps > 0)
+    WORKDIR/grpo/    metrics.jsonl, checkpoints/, tb/                     (always; PPO too)
+
+Each stage is skipped when its output is already complete, so rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+
+from jaxsearch import checkpoint
+from jaxsearch.rl import trainer
+
+
+def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
+    """Write the synthetic world once and point the config's data, retriever and tokenizer at it."""
+    from jaxsearch.data import sft as sft_data
+    from jaxsearch.data import synthetic
+
+    world_dir = os.path.join(workdir, "world")
+    if not os.path.exists(os.path.join(world_dir, "tokenizer.json")):
+        world = synthetic.generate_world(synthetic.world_config(cfg.world.size, cfg.world.seed))
+        world.write(world_dir)
+        sft_data.build_world_tokenizer(world).save(os.path.join(world_dir, "tokenizer.json"))
+    cfg = ml_collections.ConfigDict(cfg.to_dict())  # an unlocked copy to fill in
+    cfg.data.train = os.path.join(world_dir, "train.jsonl")
+    cfg.data.eval = {"synthetic": os.path.join(world_dir, cfg.world.eval_split + ".jsonl")}
+    cfg.retriever.corpus = os.path.join(world_dir, "corpus.jsonl")
+    if cfg.initial_retriever.kind and not cfg.initial_retriever.corpus:
+        cfg.initial_retriever.corpus = cfg.retriever.corpus
+    cfg.tokenizer.kind, cfg.tokenizer.path = "word", os.path.join(world_dir, "tokenizer.json")
+    if cfg.model.vocab_size == -1:  # the model's vocabulary is the world tokenizer's
+        cfg.model.vocab_size = trainer.load_tokenizer(cfg).vocab_size
+    cfg.lock()
+    return cfg
+
+
+def run_sft(cfg, workdir: str) -> str:
+    """Supervised warm start on the world's templated trajectories; returns the params directory."""
+    from jaxsearch.data import sft as sft_data
+    from jaxsearch.data import synthetic
+    from jaxsearch.models import qwen2
+    from jaxsearch.rl import sft as sft_lib
+
+    out = os.path.join(workdir, "sft")
+    params_dir = os.path.join(out, "params")
+    if os.path.exists(os.path.join(params_dir, "config.json")):
+        return params_dir
+    os.makedirs(out, exist_ok=True)
+    world = synthetic.generate_world(synthetic.world_config(cfg.world.size, cfg.world.seed))
+    tokenizer = trainer.load_tokenizer(cfg)
+    retriever = trainer.build_retriever(cfg.retriever)
+    examples = sft_data.sft_dataset(
+        world, "train", cfg.protocol.name, tokenizer, retriever, cfg.rollout.retrieval_k, cfg.sft.max_len
+    )
+    batches = sft_data.sft_batches(examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id)
+    config = trainer.model_config(cfg)
+    params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
+    params, losses = sft_lib.sft_train(
+        config, params, batches, cfg.sft.steps, cfg.sft.lr, cfg.sft.warmup, log_every=10
+    )
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        for step, loss in enumerate(losses, start=1):
+            f.write(json.dumps({"step": step, "sft/loss": loss}) + "\n")
+    checkpoint.save_params(params_dir, config, params)
+    return params_dir
+
+
+def run(cfg, workdir: str, progress: bool = True) -> dict:
+    """All configured stages; returns the RL stage's last metrics."""
+    os.makedirs(workdir, exist_ok=True)
+    if cfg.world.size:
+        cfg = prepare_world(cfg, workdir)
+    if cfg.sft.steps:
+        params_dir = run_sft(cfg, workdir)
+        cfg = ml_collections.ConfigDict(cfg.to_dict())
+        cfg.model.orbax_path = params_dir
+        cfg.lock()
+    return trainer.train(cfg, os.path.join(workdir, "grpo"), progress=progress)

@@ -1,0 +1,465 @@
+"""The RL trainer, top to bottom: setup -> resume -> (rollout -> rewards -> advantages -> update -> log
+-> evaluate -> checkpoint) per step.
+
+    train(config, workdir)      # config: an ml_collections ConfigDict from configs/*.py
+
+Everything a step needs to be reproduced is derived from (config.seed, step) or restored from the last
+checkpoint (params, optimizer state, step, data-iterator position), so a rerun after a crash continues
+exactly where the last checkpoint left off. SIGTERM saves a checkpoint and exits (preemption).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from jaxsearch import checkpoint, parallel
+from jaxsearch.data import qa
+from jaxsearch.eval import metrics as qa_metrics
+from jaxsearch.models import hf_io, qwen2
+from jaxsearch.retrieval.factory import make_retriever
+from jaxsearch.rl import advantages as adv_lib
+from jaxsearch.rl import rewards as rewards_lib
+from jaxsearch.rl import train_step as ts
+from jaxsearch.rollout import episode, segments
+from jaxsearch.rollout import sampler as sampler_lib
+from jaxsearch.rollout.protocols import get_protocol
+
+log = logging.getLogger("jaxsearch.trainer")
+
+
+# ------------------------------------------------------------------------------------------- setup
+
+
+def load_tokenizer(cfg):
+    if cfg.tokenizer.kind == "qwen":
+        from jaxsearch.models.tokenizer import QwenTokenizer
+
+        return QwenTokenizer()
+    if cfg.tokenizer.kind == "word":
+        from jaxsearch.data.word_tokenizer import WordTokenizer
+
+        return WordTokenizer.load(cfg.tokenizer.path)
+    raise ValueError(f"config.tokenizer.kind={cfg.tokenizer.kind!r}: expected 'qwen' or 'word'")
+
+
+def model_config(cfg) -> qwen2.Qwen2Config:
+    """The architecture of a random init (the HF / orbax paths carry their own config)."""
+    m = cfg.model
+    numerics = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, logprob_chunk=m.logprob_chunk)
+    if m.vocab_size:
+        return qwen2.Qwen2Config(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            num_hidden_layers=m.num_hidden_layers,
+            tie_word_embeddings=m.tie_word_embeddings,
+            **numerics,
+        )
+    return qwen2.preset(m.preset, **numerics)
+
+
+def load_policy(cfg, mesh):
+    """(model config, params placed on the mesh): from hf_path, orbax_path, or a seeded random init."""
+    m = cfg.model
+    overrides = dict(remat=m.remat, logprob_chunk=m.logprob_chunk)
+    if m.hf_path:
+        config = hf_io.load_hf(m.hf_path, dtype=jnp.dtype(m.param_dtype), config_overrides=overrides)[0]
+        shardings = parallel.param_shardings(config, mesh)
+        config, params = hf_io.load_hf(m.hf_path, jnp.dtype(m.param_dtype), shardings, overrides)
+    elif m.orbax_path:
+        config = checkpoint.restore_params(m.orbax_path, dtype=m.param_dtype)[0].replace(**overrides)
+        config, params = checkpoint.restore_params(
+            m.orbax_path, dtype=m.param_dtype, shardings=parallel.param_shardings(config, mesh)
+        )
+        config = config.replace(**overrides)
+    else:
+        config = model_config(cfg)
+        shardings = parallel.param_shardings(config, mesh)
+        params = jax.jit(lambda k: qwen2.init_params(config, k), out_shardings=shardings)(
+            jax.random.PRNGKey(cfg.seed)
+        )
+    return config.replace(dtype=m.dtype), params
+
+
+def build_retriever(rcfg):
+    return make_retriever(
+        rcfg.kind,
+        corpus=rcfg.corpus or None,
+        index=rcfg.index or None,
+        url=rcfg.url or None,
+        encoder=rcfg.encoder or None,
+        progress=False,
+    )
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything the loop uses, built once."""
+
+    cfg: Any
+    mesh: Any
+    config: qwen2.Qwen2Config
+    tokenizer: Any
+    protocol: Any
+    retriever: Any
+    initial_retriever: Any
+    reward_fn: Any
+    train_sampler: sampler_lib.Sampler
+    eval_sampler: sampler_lib.Sampler
+    episode_cfg: episode.EpisodeConfig
+    eval_sets: dict
+
+
+def make_setup(cfg, mesh, config) -> Setup:
+    tokenizer = load_tokenizer(cfg)
+    protocol = get_protocol(
+        cfg.protocol.name, **({"tags": cfg.protocol.tags} if cfg.protocol.name == "eka" else {})
+    )
+    retriever = build_retriever(cfg.retriever)
+    initial = build_retriever(cfg.initial_retriever) if cfg.initial_retriever.kind else retriever
+    table = sampler_lib.StopTable.build(
+        tokenizer, protocol.stop_strings, [tokenizer.eos_id], config.vocab_size
+    )
+    r = cfg.rollout
+
+    def sampler(temperature):
+        sampling = sampler_lib.SamplingParams(
+            temperature, r.top_p if temperature else 1.0, r.top_k if temperature else 0
+        )
+        return sampler_lib.Sampler(
+            config,
+            table,
+            r.cache_len,
+            r.max_segment_tokens,
+            sampling,
+            chunk_buckets=sampler_lib.default_buckets(r.max_obs_tokens + 512),
+        )
+
+    ep = episode.EpisodeConfig(
+        max_turns=r.max_turns,
+        retrieval_k=r.retrieval_k,
+        max_segment_tokens=r.max_segment_tokens,
+        max_obs_tokens=r.max_obs_tokens,
+        initial_k=r.initial_k,
+        internal_k=r.internal_k,
+    )
+    eval_sets = {
+        name: qa.load_examples(path)[: cfg.data.eval_examples] for name, path in cfg.data.eval.items()
+    }
+    return Setup(
+        cfg,
+        mesh,
+        config,
+        tokenizer,
+        protocol,
+        retriever,
+        initial,
+        rewards_lib.combine([tuple(t) for t in cfg.reward.terms]),
+        sampler(r.temperature),
+        sampler(r.eval_temperature),
+        ep,
+        eval_sets,
+    )
+
+
+# ------------------------------------------------------------------------------------------- rollout
+
+
+def rollout(setup: Setup, params, questions, seed, sampler=None, episode_cfg=None) -> episode.Trajectories:
+    """Episodes for all rows, in sampler calls of `rollout.micro_batch` rows (0: one call)."""
+    sampler = sampler or setup.train_sampler
+    n = setup.cfg.rollout.micro_batch or len(questions)
+    internal = None
+    if setup.protocol.needs_internal_knowledge:
+        internal = episode.text_generator(setup.eval_sampler, params, setup.tokenizer, seed)
+    parts = [
+        episode.run_episodes(
+            sampler,
+            params,
+            setup.tokenizer,
+            setup.protocol,
+            setup.retriever,
+            questions[i : i + n],
+            episode_cfg or setup.episode_cfg,
+            seed + i,
+            setup.initial_retriever,
+            internal,
+        )
+        for i in range(0, len(questions), n)
+    ]
+    return parts[0] if len(parts) == 1 else concat_trajectories(parts)
+
+
+def concat_trajectories(parts: list[episode.Trajectories]) -> episode.Trajectories:
+    width = max(p.tokens.shape[1] for p in parts)
+    out = {}
+    for f in dataclasses.fields(episode.Trajectories):
+        values = [getattr(p, f.name) for p in parts]
+        if isinstance(values[0], list):
+            out[f.name] = sum(values, [])
+        elif values[0].ndim == 2:
+            out[f.name] = np.concatenate([np.pad(v, ((0, 0), (0, width - v.shape[1]))) for v in values])
+        else:
+            out[f.name] = np.concatenate(values)
+    return episode.Trajectories(**out)
+
+
+def reward_inputs(traj: episode.Trajectories, examples: list[qa.QAExample]) -> list[rewards_lib.RewardInput]:
+    out = []
+    for i, ex in enumerate(examples):
+        internal = "\n".join(traj.internal_knowledge[i])
+        external = "\n".join(traj.observations[i])
+        out.append(
+            rewards_lib.RewardInput(traj.responses[i], ex.golden_answers, ex.question, internal, external)
+        )
+    return out
+
+
+def pad_to(x: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+def rollout_stats(traj: episode.Trajectories, examples) -> dict:
+    """Search-R1's rollout metrics plus entropy per segment type."""
+    answered = np.asarray([a is not None for a in traj.answers])
+    resp_len = traj.attention_mask.sum(1) - traj.prompt_lengths
+    em = [qa_metrics.exact_match(a or "", ex.golden_answers) for a, ex in zip(traj.answers, examples)]
+    f1 = [qa_metrics.f1_score(a or "", ex.golden_answers) for a, ex in zip(traj.answers, examples)]
+    stats = {
+        "em": float(np.mean(em)),
+        "f1": float(np.mean(f1)),
+        "response_length": float(resp_len.mean()),
+        "policy_tokens": float(traj.loss_mask.sum(1).mean()),
+        "turns": float(traj.turns.mean()),
+        "searches": float(traj.searches.mean()),
+        "finish_ratio": float(answered.mean()),
+        "valid_action_ratio": float(((traj.searches + answered) / np.maximum(traj.turns, 1)).mean()),
+        "valid_search_ratio": float((traj.searches / np.maximum(traj.turns, 1)).mean()),
+        "truncated_ratio": float(traj.truncated.mean()),
+        "entropy": float((traj.entropy * traj.loss_mask).sum() / max(traj.loss_mask.sum(), 1)),
+    }
+    for name, sid in segments.SEGMENT_IDS.items():
+        sel = (traj.segment_ids == sid) & (traj.loss_mask == 1)
+        if sel.any():
+            stats[f"entropy/{name}"] = float(traj.entropy[sel].mean())
+    return stats
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+
+
+def evaluate(setup: Setup, params, step: int) -> dict:
+    """Held-out EM / F1 / turns / searches per dataset with the eval sampler (greedy by default)."""
+    out = {}
+    ep = dataclasses.replace(setup.episode_cfg, retrieval_k=setup.cfg.rollout.eval_retrieval_k)
+    for name, examples in setup.eval_sets.items():
+        traj = rollout(
+            setup, params, [e.question for e in examples], 10_000_019 * (step + 1), setup.eval_sampler, ep
+        )
+        for key, value in rollout_stats(traj, examples).items():
+            out[f"eval/{name}/{key}"] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+class MetricWriter:
+    """One JSON object per logged step in WORKDIR/metrics.jsonl (+ TensorBoard if tensorboardX is there)."""
+
+    def __init__(self, workdir: str, enabled: bool = True):
+        self.enabled = enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if enabled:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            except ImportError:
+                pass
+
+    def write(self, step: int, values: dict) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: float(v) for k, v in values.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(k, float(v), step)
+            self._tb.flush()
+
+    def drop_after(self, step: int) -> None:
+        """Forget rows logged after `step` (a resumed run redoes those steps)."""
+        if not (self.enabled and os.path.exists(self.path)):
+            return
+        with open(self.path) as f:
+            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        with open(self.path, "w") as f:
+            f.writelines(rows)
+
+
+# ------------------------------------------------------------------------------------------- the loop
+
+
+def init_distributed(cfg) -> None:
+    """Multi-host: explicit coordinator flags, or the environment (TPU pods, SLURM) when num_processes > 1."""
+    d = cfg.distributed
+    if d.coordinator:
+        jax.distributed.initialize(d.coordinator, d.num_processes, d.process_id)
+    elif (
+        os.environ.get("JAX_COORDINATOR_ADDRESS")
+        or os.environ.get("SLURM_NTASKS", "1") != "1"
+        or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0
+    ):
+        jax.distributed.initialize()
+
+
+def train(cfg, workdir: str, progress: bool = True) -> dict:
+    """Run (or resume) GRPO / PPO training; returns the last step's metrics."""
+    os.makedirs(workdir, exist_ok=True)
+    mesh = parallel.make_mesh({k: v for k, v in cfg.mesh.items()})
+    config, params = load_policy(cfg, mesh)
+    setup = make_setup(cfg, mesh, config)
+    ref_params = params if (cfg.algo.kl_coef or cfg.algo.kl_in_reward) else None
+    if ref_params is not None:  # a frozen copy (the policy's buffers are donated by the update)
+        ref_params = jax.tree_util.tree_map(jnp.copy, params)
+    if cfg.algo.advantage == "gae":
+        raise NotImplementedError("PPO with a critic (advantage='gae') is not wired into the trainer yet")
+
+    optimizer = ts.make_optimizer(
+        cfg.optim.lr,
+        cfg.total_steps,
+        int(cfg.optim.warmup_ratio * cfg.total_steps),
+        cfg.optim.schedule,
+        cfg.optim.weight_decay,
+        cfg.optim.grad_clip,
+    )
+    state = ts.init_state(params, optimizer, mesh)
+    examples = qa.load_examples(cfg.data.train)
+    iterator = qa.QAIterator(examples, cfg.data.batch_size, cfg.data.group_size, cfg.seed, cfg.data.shuffle)
+    ckpt = checkpoint.TrainCheckpointer(workdir, save_every=cfg.save_every, max_to_keep=cfg.keep_checkpoints)
+    start = 0
+    restored = ckpt.restore_latest(state)
+    if restored is not None:
+        start, state, meta = restored
+        iterator.restore(meta["iterator"])
+        log.info("resumed from step %d", start)
+    writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
+    writer.drop_after(start)
+    preempted = checkpoint.install_sigterm_handler()
+
+    rows = cfg.data.batch_size * cfg.data.group_size
+    width = cfg.rollout.cache_len
+    loss_cfg = ts.LossConfig(
+        policy_loss=cfg.algo.policy_loss,
+        clip_eps=cfg.algo.clip_eps,
+        agg_mode=cfg.algo.agg_mode,
+        kl_coef=cfg.algo.kl_coef,
+        kl_kind=cfg.algo.kl_kind,
+        entropy_coef=cfg.algo.entropy_coef,
+        micro_batches=cfg.algo.micro_batches,
+    )
+    mini = cfg.algo.mini_batches
+    if rows % mini or (rows // mini) % cfg.algo.micro_batches:
+        raise ValueError(
+            f"config: batch_size*group_size={rows} rows must split into algo.mini_batches={mini} "
+            f"of algo.micro_batches={cfg.algo.micro_batches} each"
+        )
+    example_batch = {
+        "tokens": np.zeros((rows // mini, width), np.int32),
+        "attention_mask": np.zeros((rows // mini, width), np.int32),
+        "loss_mask": np.zeros((rows // mini, width), np.int32),
+        "advantages": np.zeros((rows // mini,), np.float32),
+        "old_logprobs": np.zeros((rows // mini, width), np.float32),
+        "ref_logprobs": np.zeros((rows // mini, width), np.float32),
+    }
+    update = ts.make_train_step(config, loss_cfg, optimizer, mesh, state, example_batch)
+    logprob_fn = ts.make_logprob_fn(config, mesh, state.params, example_batch)
+
+    if start == 0 and setup.eval_sets:
+        writer.write(0, evaluate(setup, state.params, 0))
+    last = {}
+    bar = tqdm(
+        range(start, cfg.total_steps),
+        initial=start,
+        total=cfg.total_steps,
+        desc="grpo",
+        disable=not progress or jax.process_index() != 0,
+    )
+    for step in bar:
+        t0 = time.perf_counter()
+        batch_examples = next(iterator)
+        traj = rollout(
+            setup, state.params, [e.question for e in batch_examples], 7919 * (step + 1) + cfg.seed
+        )
+        t_rollout = time.perf_counter() - t0
+
+        scores = np.asarray(setup.reward_fn(reward_inputs(traj, batch_examples)), np.float32)
+        advantages = np.asarray(
+            adv_lib.get_advantage_fn(cfg.algo.advantage)(jnp.asarray(scores), cfg.data.group_size)
+        )
+        tokens, attn, lmask = (pad_to(x, width) for x in (traj.tokens, traj.attention_mask, traj.loss_mask))
+        t1 = time.perf_counter()
+        mb = rows // mini
+        # log-probs of the rollout policy (and the reference) before any update of this step
+        slices = [slice(j * mb, (j + 1) * mb) for j in range(mini)]
+        old = [logprob_fn(state.params, tokens[sl], attn[sl]) for sl in slices]
+        ref = (
+            [logprob_fn(ref_params, tokens[sl], attn[sl]) for sl in slices] if ref_params is not None else old
+        )
+        step_metrics = []
+        for epoch in range(cfg.algo.ppo_epochs):
+            for j, sl in enumerate(slices):
+                batch = dict(
+                    tokens=tokens[sl],
+                    attention_mask=attn[sl],
+                    loss_mask=lmask[sl],
+                    advantages=advantages[sl],
+                    old_logprobs=old[j],
+                    ref_logprobs=ref[j],
+                )
+                state, m = update(state, batch)
+                step_metrics.append(m)
+        t_update = time.perf_counter() - t1
+
+        done = step + 1
+        metrics = {k: float(np.mean([jax.device_get(m[k]) for m in step_metrics])) for k in step_metrics[0]}
+        metrics.update(rollout_stats(traj, batch_examples))
+        metrics.update(
+            {
+                "reward": float(scores.mean()),
+                "time/rollout_s": t_rollout,
+                "time/update_s": t_update,
+                "time/step_s": time.perf_counter() - t0,
+                "tokens_per_s": float(traj.attention_mask.sum()) / max(time.perf_counter() - t0, 1e-9),
+                "skipped_updates": float(jax.device_get(state.skipped)),
+            }
+        )
+        if cfg.eval_every and setup.eval_sets and (done % cfg.eval_every == 0 or done == cfg.total_steps):
+            metrics.update(evaluate(setup, state.params, done))
+        if done % cfg.log_every == 0 or done == cfg.total_steps:
+            writer.write(done, metrics)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
+        last = metrics
+        stop = preempted()
+        ckpt.save(done, state, {"iterator": iterator.state()}, force=stop or done == cfg.total_steps)
+        if stop:
+            log.warning("SIGTERM: saved step %d, exiting", done)
+            break
+    ckpt.wait()
+    ckpt.close()
+    return last
