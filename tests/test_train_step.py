@@ -37,8 +37,10 @@ def make_batch(b=8, t=24, seed=0, per_token_adv=False):
     )
 
 
-def run(mesh_shape, loss_cfg, batch, steps=2):
-    mesh = parallel.make_mesh(mesh_shape)
+def run(loss_cfg, batch, mesh_shape=None, steps=2):
+    """Train `steps` updates from the same init; mesh_shape None: one device."""
+    devices = jax.devices() if mesh_shape else jax.devices()[:1]
+    mesh = parallel.make_mesh(mesh_shape or {"fsdp": 1}, devices=devices)
     params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
     params = jax.device_put(params, parallel.param_shardings(CONFIG, mesh))
     optimizer = ts.make_optimizer(1e-3, total_steps=10, warmup_steps=1)
@@ -55,36 +57,19 @@ def run(mesh_shape, loss_cfg, batch, steps=2):
 def test_sharded_step_equals_single_device(mesh_shape):
     batch = make_batch()
     cfg = ts.LossConfig(kl_coef=0.01, entropy_coef=0.01)
-    ref_state, ref_hist = _run_on_one_device(cfg, batch)
-    state, hist = run(mesh_shape, cfg, batch)
+    ref_state, ref_hist = run(cfg, batch)
+    state, hist = run(cfg, batch, mesh_shape)
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
         np.testing.assert_allclose(a, b, atol=1e-5)
     np.testing.assert_allclose(hist[-1]["loss"], ref_hist[-1]["loss"], atol=1e-5)
     assert int(state.step) == 2
 
 
-def _run_on_one_device(cfg, batch, steps=2):
-    mesh = parallel.make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
-    params = jax.device_put(
-        qwen2.init_params(CONFIG, jax.random.PRNGKey(0)), parallel.param_shardings(CONFIG, mesh)
-    )
-    optimizer = ts.make_optimizer(1e-3, total_steps=10, warmup_steps=1)
-    state = ts.init_state(params, optimizer, mesh)
-    step = ts.make_train_step(CONFIG, cfg, optimizer, mesh, state, batch)
-    hist = []
-    for _ in range(steps):
-        state, m = step(state, batch)
-        hist.append(jax.device_get(m))
-    return jax.device_get(state), hist
-
-
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_gradient_accumulation_equals_full_batch(agg_mode):
     batch = make_batch(per_token_adv=True, seed=1)
-    full, full_hist = _run_on_one_device(ts.LossConfig(agg_mode=agg_mode, kl_coef=0.01), batch, steps=1)
-    acc, acc_hist = _run_on_one_device(
-        ts.LossConfig(agg_mode=agg_mode, kl_coef=0.01, micro_batches=4), batch, steps=1
-    )
+    full, full_hist = run(ts.LossConfig(agg_mode=agg_mode, kl_coef=0.01), batch, steps=1)
+    acc, acc_hist = run(ts.LossConfig(agg_mode=agg_mode, kl_coef=0.01, micro_batches=4), batch, steps=1)
     np.testing.assert_allclose(acc_hist[0]["loss"], full_hist[0]["loss"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(acc_hist[0]["grad_norm"], full_hist[0]["grad_norm"], rtol=1e-5)
     for a, b in zip(jax.tree_util.tree_leaves(acc.params), jax.tree_util.tree_leaves(full.params)):
@@ -119,7 +104,7 @@ def test_non_finite_loss_skips_the_update():
     batch = make_batch(seed=3)
     batch["advantages"] = batch["advantages"].copy()
     batch["advantages"][0] = np.nan
-    state, hist = _run_on_one_device(ts.LossConfig(), batch)
+    state, hist = run(ts.LossConfig(), batch)
     params0 = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(params0)):
         np.testing.assert_array_equal(a, b)

