@@ -1,0 +1,231 @@
+"""Supervised warm-start data: the synthetic world's solution traces as token-exact agent trajectories.
+
+`sft_trajectory` writes one question's ideal trajectory in a protocol's format, assembled exactly as the
+episode driver assembles a rollout, so a model fine-tuned on it produces trajectories the driver can run:
+
+    prompt   encode(apply_chat_template(protocol.build_messages(question, context)), allow_special=True)
+    policy   encode(segment text)                       loss mask 1, one segment per search and the answer
+    obs      encode(protocol.format_observation(retriever.search([query], k)[0]),
+                    allow_special=protocol.observation_allow_special)                     loss mask 0
+    eos      tokenizer.eos_id after the final segment                                      loss mask 1
+
+Each piece is encoded on its own (never across a boundary). The observations are what the retriever really
+returns for the trace's query, so a trace whose query the retriever misses still shows what the model would
+see. Policy text is templated per step (Search-R1 layout shown; each protocol's prompt fixes its own order):
+
+    <think> I need the {relation words} of {subject}. </think>\\n<search> {query} </search>
+    <think> The answer is {answer}. </think>\\n<answer> {answer} </answer>
+
+R-Search reasons in plain text and writes `<evidence>` (the trace's fact sentences) before `<answer>`;
+SOAR declares `<information_source> external </information_source>` before `<answer>`; Graph-R1 writes
+`<think>\\n...\\n</think>\\n<query>\\n{"query": ...}\\n</query>`, and its observation reopens `<think>\\n`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from jaxsearch.data.qa import QAExample
+from jaxsearch.data.synthetic import Step, World, solution_trace
+from jaxsearch.data.word_tokenizer import WordTokenizer
+from jaxsearch.models.tokenizer import Tokenizer
+from jaxsearch.retrieval.base import Doc, Retriever
+from jaxsearch.rollout.protocols import (
+    SOAR_INTERNAL_KNOWLEDGE_PROMPT,
+    AgentProtocol,
+    GraphR1Protocol,
+    RSearchProtocol,
+    SoarProtocol,
+    get_protocol,
+)
+
+# What the think text calls each relation's object ("I need the {words} of {subject}.").
+RELATION_WORDS = {
+    "born_in": "birthplace",
+    "birth_date": "date of birth",
+    "spouse_of": "spouse",
+    "works_for": "employer",
+    "founded_by": "founder",
+    "founded_year": "year of establishment",
+    "headquartered_in": "headquarters city",
+    "located_in": "country",
+    "capital": "capital",
+    "official_name": "official name",
+    "directed_by": "director",
+    "written_by": "author",
+    "released_in": "release year",
+    "published_in": "publication year",
+}
+NEED = "I need the {words} of {subject}."
+ANSWER = "The answer is {answer}."
+PROTOCOL_NAMES = ("search_r1", "eka", "rsearch", "soar", "graph_r1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTExample:
+    """One trajectory: `ids` and `loss_mask` (1 on policy tokens and the final EOS), [T] each; the first
+    `prompt_len` ids are the prompt."""
+
+    ids: list[int]
+    loss_mask: list[int]
+    prompt_len: int
+
+
+def build_world_tokenizer(world: World, protocol_names: Sequence[str] = PROTOCOL_NAMES) -> WordTokenizer:
+    """A word tokenizer over the world's text, the protocols' prompts, observations and hints, and the
+    SFT templates: every word an SFT trajectory of this world holds is one token."""
+    protocols = []
+    for name in protocol_names:
+        tag_sets = ("search_r1", "graph_r1") if name == "eka" else (None,)
+        protocols += [
+            get_protocol(name) if tags is None else get_protocol(name, tags=tags) for tags in tag_sets
+        ]
+    texts = list(world.texts())
+    texts += [*RELATION_WORDS.values(), NEED, ANSWER, "external internal", SOAR_INTERNAL_KNOWLEDGE_PROMPT]
+    for protocol in protocols:
+        context = "<knowledge>\nknowledge\n</knowledge>" if protocol.name == "eka" else None
+        texts += [m["content"] for m in protocol.build_messages("question", context)]
+        texts += [_observation(protocol, [Doc("0", "Title", "text")]), protocol.invalid_hint()]
+    texts.append(json.dumps({"query": "query"}))  # Graph-R1's search call
+    return WordTokenizer.build(texts)
+
+
+def policy_segments(protocol: AgentProtocol, trace: Sequence[Step]) -> list[str]:
+    """The policy's text per turn: one segment per search step, then the answer segment."""
+    *searches, answer = trace
+    if answer.action != "answer" or any(step.action != "search" for step in searches):
+        raise ValueError(f"a trace is searches then one answer, got {[s.action for s in trace]}")
+    segments = []
+    for turn, step in enumerate(searches):
+        need = NEED.format(words=RELATION_WORDS[step.relation], subject=step.subject)
+        if isinstance(protocol, GraphR1Protocol):
+            think = "<think>\n" if turn == 0 else ""  # the observation reopens <think>
+            query = json.dumps({"query": step.text})
+            segments.append(f"{think}{need}\n</think>\n<query>\n{query}\n</query>")
+        elif isinstance(protocol, RSearchProtocol):
+            segments.append(f"{need}\n<search> {step.text} </search>")
+        else:
+            segments.append(f"<think> {need} </think>\n<search> {step.text} </search>")
+    final = ANSWER.format(answer=answer.text)
+    if isinstance(protocol, GraphR1Protocol):
+        think = "<think>\n" if not searches else ""
+        segments.append(f"{think}{final}\n</think>\n<answer>\n{answer.text}\n</answer>")
+    elif isinstance(protocol, RSearchProtocol):
+        evidence = " ".join(step.fact for step in searches)
+        segments.append(f"{final}\n<evidence> {evidence} </evidence>\n<answer> {answer.text} </answer>")
+    elif isinstance(protocol, SoarProtocol):
+        source = "<information_source> external </information_source>"
+        segments.append(f"<think> {final} </think>\n{source}\n<answer> {answer.text} </answer>")
+    else:
+        segments.append(f"<think> {final} </think>\n<answer> {answer.text} </answer>")
+    return segments
+
+
+def sft_trajectory(
+    protocol: AgentProtocol,
+    tokenizer: Tokenizer,
+    example: QAExample,
+    trace: Sequence[Step],
+    retriever: Retriever,
+    k: int,
+    initial_context: str | None = None,
+    internal_facts: str = "",
+) -> SFTExample:
+    """The trajectory of `trace` for `example`, token for token as the episode driver builds it.
+
+    `initial_context`: EKA's P0; None computes it with `protocol.initial_context` (None for other methods).
+    `internal_facts`: SOAR's internal stream in every observation (the policy knows nothing of this world).
+    """
+    if initial_context is None:
+        initial_context = protocol.initial_context([example.question], retriever, k)[0]
+    messages = protocol.build_messages(example.question, initial_context)
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True), allow_special=True
+    )
+    segments = policy_segments(protocol, trace)
+    queries = [step.text for step in trace[:-1]]
+    results = retriever.search(queries, k) if queries else []
+    ids, mask = list(prompt), [0] * len(prompt)
+    for turn, segment in enumerate(segments):
+        policy = tokenizer.encode(segment)
+        ids += policy
+        mask += [1] * len(policy)
+        if turn < len(results):
+            text = _observation(protocol, results[turn], internal_facts)
+            observation = tokenizer.encode(text, allow_special=protocol.observation_allow_special)
+            ids += observation
+            mask += [0] * len(observation)
+    ids.append(tokenizer.eos_id)
+    mask.append(1)
+    return SFTExample(ids, mask, len(prompt))
+
+
+def sft_dataset(
+    world: World,
+    split: str,
+    protocol_name: str,
+    tokenizer: Tokenizer,
+    retriever: Retriever,
+    k: int,
+    max_len: int,
+    truncate: bool = False,
+) -> list[SFTExample]:
+    """The SFT trajectories of a split's questions, in split order. One longer than `max_len` is left out, or
+    with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, without its EOS)."""
+    protocol = get_protocol(protocol_name)
+    examples = world.questions[split]
+    contexts = protocol.initial_context([e.question for e in examples], retriever, k)
+    out = []
+    for example, context in zip(examples, contexts):
+        trace = solution_trace(example, world)
+        sft = sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context)
+        if len(sft.ids) <= max_len:
+            out.append(sft)
+        elif truncate:
+            out.append(SFTExample(sft.ids[:max_len], sft.loss_mask[:max_len], min(sft.prompt_len, max_len)))
+    return out
+
+
+def pad_sft_batch(
+    examples: Sequence[SFTExample], max_len: int, pad_id: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded (ids, attention_mask, loss_mask), int32 [B, max_len]; a longer example is a ValueError."""
+    ids = np.full((len(examples), max_len), pad_id, np.int32)
+    attention = np.zeros((len(examples), max_len), np.int32)
+    loss = np.zeros((len(examples), max_len), np.int32)
+    for row, example in enumerate(examples):
+        n = len(example.ids)
+        if n > max_len:
+            raise ValueError(f"example {row} has {n} tokens, more than max_len={max_len}")
+        ids[row, :n] = example.ids
+        attention[row, :n] = 1
+        loss[row, :n] = example.loss_mask
+    return ids, attention, loss
+
+
+def sft_batches(
+    examples: Sequence[SFTExample], batch_size: int, max_len: int, seed: int, pad_id: int = 0
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Endless padded batches (see `pad_sft_batch`); epoch e visits the examples in the order
+    `np.random.default_rng([seed, e]).permutation`, and batches run across epoch ends."""
+    if not examples:
+        raise ValueError("sft_batches needs at least one example")
+    epoch, order = 0, []
+    while True:
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = list(np.random.default_rng([seed, epoch]).permutation(len(examples)))
+                epoch += 1
+            batch.append(examples[order.pop(0)])
+        yield pad_sft_batch(batch, max_len, pad_id)
+
+
+def _observation(protocol: AgentProtocol, docs: list[Doc], internal_facts: str = "") -> str:
+    if isinstance(protocol, SoarProtocol):
+        return protocol.format_observation(docs, internal_facts)
+    return protocol.format_observation(docs)
