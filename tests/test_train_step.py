@@ -1,5 +1,7 @@
 """The sharded policy update against the single-device update, accumulation against the full batch."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -45,7 +47,15 @@ def run(loss_cfg, batch, mesh_shape=None, steps=2):
     params = jax.device_put(params, parallel.param_shardings(CONFIG, mesh))
     optimizer = ts.make_optimizer(1e-3, total_steps=10, warmup_steps=1)
     state = ts.init_state(params, optimizer, mesh)
-    step = ts.make_train_step(CONFIG, loss_cfg, optimizer, mesh, state, batch)
+    step = ts.make_train_step(
+        ts.policy_loss_fn(CONFIG, loss_cfg),
+        loss_cfg.agg_mode,
+        loss_cfg.micro_batches,
+        optimizer,
+        mesh,
+        state,
+        batch,
+    )
     history = []
     for _ in range(steps):
         state, metrics = step(state, batch)
@@ -109,3 +119,40 @@ def test_non_finite_loss_skips_the_update():
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(params0)):
         np.testing.assert_array_equal(a, b)
     assert int(state.step) == 0 and int(state.skipped) == 2 and bool(hist[0]["update_skipped"])
+
+
+def test_critic_values_see_only_earlier_tokens_and_fit_returns():
+    """values[:, t] is the value of the state before tokens[:, t]; the critic update regresses to returns."""
+    batch = make_batch(seed=4)
+    params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    critic = ts.init_critic(CONFIG, params, jax.random.PRNGKey(1))
+    values = np.asarray(ts.critic_values(CONFIG, critic, batch["tokens"], batch["attention_mask"]))
+    changed = batch["tokens"].copy()
+    changed[:, 10] = (changed[:, 10] + 1) % CONFIG.vocab_size
+    values2 = np.asarray(ts.critic_values(CONFIG, critic, changed, batch["attention_mask"]))
+    np.testing.assert_array_equal(values[:, :11], values2[:, :11])
+    assert np.abs(values[:, 11:] - values2[:, 11:]).max() > 0
+    assert np.all(values[:, 0] == 0)
+
+    mesh = parallel.make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
+    optimizer = ts.make_optimizer(1e-2, total_steps=50)
+    state = ts.init_state(jax.device_put(critic, jax.devices()[0]), optimizer, mesh)
+    returns = np.where(batch["loss_mask"] > 0, 0.7, 0.0).astype(np.float32)
+    critic_batch = dict(batch, old_values=values, returns=returns)
+    loss_fn = functools.partial(ts.critic_loss, CONFIG, 100.0, "token-mean")  # clip off: plain regression
+    step = ts.make_train_step(loss_fn, "token-mean", 1, optimizer, mesh, state, critic_batch)
+    first = None
+    for _ in range(30):
+        state, m = step(state, critic_batch)
+        first = float(m["vf_loss"]) if first is None else first
+    assert float(m["vf_loss"]) < 0.1 * first
+
+
+def test_outcome_token_rewards_sit_on_the_last_policy_token():
+    from jaxsearch.rl.trainer import outcome_token_rewards
+
+    mask = np.array([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    out = outcome_token_rewards(np.array([2.0, 3.0, -1.0], np.float32), mask)
+    expect = np.zeros((3, 6), np.float32)
+    expect[0, 4], expect[2, 5] = 2.0, -1.0
+    np.testing.assert_array_equal(out, expect)

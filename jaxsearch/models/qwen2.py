@@ -420,7 +420,7 @@ def positions_from_mask(attention_mask):
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
-def _hidden(config, params, input_ids, attention_mask):
+def hidden_states(config: Qwen2Config, params: Params, input_ids, attention_mask):
     """Final hidden states [B, T, E] of a full (cache-free) causal pass."""
     attention_mask = attention_mask.astype(bool)
     t = input_ids.shape[1]
@@ -440,7 +440,7 @@ def forward(config: Qwen2Config, params: Params, input_ids, attention_mask=None)
     """
     if attention_mask is None:
         attention_mask = jnp.ones_like(input_ids)
-    hidden = _hidden(config, params, input_ids, attention_mask)
+    hidden = hidden_states(config, params, input_ids, attention_mask)
     return Qwen2(config).apply({"params": params}, hidden, method=Qwen2.logits)
 
 
@@ -452,7 +452,7 @@ def token_logprobs(
     The LM head and log-softmax run in sequence chunks of `config.logprob_chunk` under `lax.map`, so the
     largest temporary is [B, chunk, V], never a full [B, T, V] log-softmax.
     """
-    hidden = _hidden(config, params, input_ids, attention_mask)
+    hidden = hidden_states(config, params, input_ids, attention_mask)
     b, t, e = hidden.shape
     chunk = min(config.logprob_chunk, t)
     pad = (-t) % chunk

@@ -139,16 +139,54 @@ def policy_loss(config: qwen2.Qwen2Config, loss_cfg: LossConfig, params, batch):
     return loss, stats
 
 
-def train_step(config, loss_cfg: LossConfig, optimizer, state: TrainState, batch):
-    """One update from a full batch (accumulated over `loss_cfg.micro_batches`)."""
-    m = loss_cfg.micro_batches
-    total = jnp.maximum(_normaliser(batch["loss_mask"], loss_cfg.agg_mode), 1)
+def critic_values(config: qwen2.Qwen2Config, critic_params, tokens, attention_mask):
+    """values[b, t] = V(tokens[b, :t]), the value of the state in which tokens[b, t] is chosen, as [B, T]
+    fp32 (0 at t = 0; aligned like `sequence_logprobs`, as veRL's critic): a Qwen2 trunk's final hidden
+    state through a linear value head."""
+    hidden = qwen2.hidden_states(config, critic_params["trunk"], tokens[:, :-1], attention_mask[:, :-1])
+    head = critic_params["value_head"]
+    values = hidden.astype(jnp.float32) @ head["kernel"].astype(jnp.float32) + head["bias"]
+    return jnp.pad(values, ((0, 0), (1, 0)))
+
+
+def init_critic(config: qwen2.Qwen2Config, policy_params, rng):
+    """Critic params: a copy of the policy as the trunk (as veRL initialises it) and a small value head."""
+    trunk = jax.tree_util.tree_map(jnp.copy, policy_params)
+    kernel = jax.random.normal(rng, (config.hidden_size,), jnp.float32) * 0.02
+    head = {"kernel": kernel, "bias": jnp.zeros((), jnp.float32)}
+    sharding = jax.tree_util.tree_leaves(policy_params)[0].sharding
+    replicated = NamedSharding(sharding.mesh, P()) if isinstance(sharding, NamedSharding) else sharding
+    return {"trunk": trunk, "value_head": jax.device_put(head, replicated)}
+
+
+def critic_loss(config: qwen2.Qwen2Config, clip_eps: float, agg_mode: str, params, batch):
+    """Clipped value loss over loss-mask tokens; batch adds `old_values` and `returns` [B, T]."""
+    values = critic_values(config, params, batch["tokens"], batch["attention_mask"])
+    loss, stats = losses.value_loss(
+        values,
+        batch["old_values"],
+        batch["returns"],
+        batch["loss_mask"].astype(jnp.float32),
+        clip_eps=clip_eps,
+        agg_mode=agg_mode,
+    )
+    return loss, dict(stats, vf_loss=loss)
+
+
+def policy_loss_fn(config: qwen2.Qwen2Config, loss_cfg: LossConfig):
+    return functools.partial(policy_loss, config, loss_cfg)
+
+
+def train_step(loss_fn, agg_mode: str, micro_batches: int, optimizer, state: TrainState, batch):
+    """One update of `state.params` by `loss_fn(params, batch) -> (loss, stats)`, accumulated over
+    `micro_batches` (each weighted by its share of the `agg_mode` normaliser)."""
+    m = micro_batches
+    total = jnp.maximum(_normaliser(batch["loss_mask"], agg_mode), 1)
 
     def micro(b):
-        weight = _normaliser(b["loss_mask"], loss_cfg.agg_mode) / total
+        weight = _normaliser(b["loss_mask"], agg_mode) / total
         (loss, stats), grads = jax.value_and_grad(
-            lambda p: jax.tree_util.tree_map(lambda x: x * weight, policy_loss(config, loss_cfg, p, b)),
-            has_aux=True,
+            lambda p: jax.tree_util.tree_map(lambda x: x * weight, loss_fn(p, b)), has_aux=True
         )(state.params)
         return loss, stats, grads
 
@@ -189,16 +227,29 @@ def batch_shardings(mesh, batch: dict):
     return {k: parallel.batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
 
 
-def make_train_step(config, loss_cfg: LossConfig, optimizer, mesh, state: TrainState, batch_example: dict):
+def make_train_step(
+    loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state: TrainState, batch_example: dict
+):
     """`train_step` jitted with the state's shardings in and out, the batch over the data axes, and the
-    state donated. `state` / `batch_example` fix the shardings (shapes of later batches must match)."""
+    state donated. `state` / `batch_example` fix the shardings (shapes of later batches must match).
+
+    Policy: `make_train_step(policy_loss_fn(config, loss_cfg), loss_cfg.agg_mode, loss_cfg.micro_batches, ...)`;
+    critic: `functools.partial(critic_loss, config, clip_eps, agg_mode)` as the loss."""
     s_shard = state_shardings(state)
     return jax.jit(
-        functools.partial(train_step, config, loss_cfg, optimizer),
+        functools.partial(train_step, loss_fn, agg_mode, micro_batches, optimizer),
         in_shardings=(s_shard, batch_shardings(mesh, batch_example)),
         out_shardings=(s_shard, None),
         donate_argnums=(0,),
     )
+
+
+def make_value_fn(config, mesh, critic_params, batch_example: dict):
+    """Jitted critic values [B, T] of `tokens`, sharded like the step."""
+    shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
+    p_shard = jax.tree_util.tree_map(lambda x: x.sharding, critic_params)
+    fn = lambda p, tokens, mask: critic_values(config, p, tokens, mask)
+    return jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
 
 
 def make_logprob_fn(config, mesh, params, batch_example: dict):

@@ -11,6 +11,7 @@ exactly where the last checkpoint left off. SIGTERM saves a checkpoint and exits
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -331,26 +332,39 @@ def init_distributed(cfg) -> None:
 def train(cfg, workdir: str, progress: bool = True) -> dict:
     """Run (or resume) GRPO / PPO training; returns the last step's metrics."""
     os.makedirs(workdir, exist_ok=True)
-    mesh = parallel.make_mesh({k: v for k, v in cfg.mesh.items()})
+    mesh = parallel.make_mesh(dict(cfg.mesh))
     config, params = load_policy(cfg, mesh)
     setup = make_setup(cfg, mesh, config)
-    ref_params = params if (cfg.algo.kl_coef or cfg.algo.kl_in_reward) else None
-    if ref_params is not None:  # a frozen copy (the policy's buffers are donated by the update)
+    ref_params = None
+    if cfg.algo.kl_coef or cfg.algo.kl_in_reward:  # a frozen copy (the policy's buffers are donated)
         ref_params = jax.tree_util.tree_map(jnp.copy, params)
-    if cfg.algo.advantage == "gae":
-        raise NotImplementedError("PPO with a critic (advantage='gae') is not wired into the trainer yet")
+    ppo = cfg.algo.advantage == "gae"
 
+    # --- state: policy (+ critic for PPO), restored from the last checkpoint if there is one
+    warmup = lambda ratio: int(ratio * cfg.total_steps)
     optimizer = ts.make_optimizer(
         cfg.optim.lr,
         cfg.total_steps,
-        int(cfg.optim.warmup_ratio * cfg.total_steps),
+        warmup(cfg.optim.warmup_ratio),
         cfg.optim.schedule,
         cfg.optim.weight_decay,
         cfg.optim.grad_clip,
     )
-    state = ts.init_state(params, optimizer, mesh)
-    examples = qa.load_examples(cfg.data.train)
-    iterator = qa.QAIterator(examples, cfg.data.batch_size, cfg.data.group_size, cfg.seed, cfg.data.shuffle)
+    state = {"policy": ts.init_state(params, optimizer, mesh)}
+    if ppo:  # veRL initialises the critic from the policy
+        critic_opt = ts.make_optimizer(
+            cfg.critic.lr,
+            cfg.total_steps,
+            warmup(cfg.critic.warmup_ratio),
+            "constant",
+            cfg.optim.weight_decay,
+            cfg.optim.grad_clip,
+        )
+        critic_params = ts.init_critic(config, params, jax.random.PRNGKey(cfg.seed + 1))
+        state["critic"] = ts.init_state(critic_params, critic_opt, mesh)
+    iterator = qa.QAIterator(
+        qa.load_examples(cfg.data.train), cfg.data.batch_size, cfg.data.group_size, cfg.seed, cfg.data.shuffle
+    )
     ckpt = checkpoint.TrainCheckpointer(workdir, save_every=cfg.save_every, max_to_keep=cfg.keep_checkpoints)
     start = 0
     restored = ckpt.restore_latest(state)
@@ -362,8 +376,27 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     writer.drop_after(start)
     preempted = checkpoint.install_sigterm_handler()
 
-    rows = cfg.data.batch_size * cfg.data.group_size
-    width = cfg.rollout.cache_len
+    # --- the jitted functions, for fixed [rows / mini_batches, cache_len] shapes
+    rows, width, mini = (
+        cfg.data.batch_size * cfg.data.group_size,
+        cfg.rollout.cache_len,
+        cfg.algo.mini_batches,
+    )
+    if rows % mini or (rows // mini) % cfg.algo.micro_batches:
+        raise ValueError(
+            f"config: batch_size*group_size={rows} rows must split into algo.mini_batches={mini} "
+            f"of algo.micro_batches={cfg.algo.micro_batches} each"
+        )
+    mb = rows // mini
+    zeros = lambda dtype: np.zeros((mb, width), dtype)
+    example = dict(
+        tokens=zeros(np.int32),
+        attention_mask=zeros(np.int32),
+        loss_mask=zeros(np.int32),
+        advantages=zeros(np.float32) if ppo else np.zeros((mb,), np.float32),
+        old_logprobs=zeros(np.float32),
+        ref_logprobs=zeros(np.float32),
+    )
     loss_cfg = ts.LossConfig(
         policy_loss=cfg.algo.policy_loss,
         clip_eps=cfg.algo.clip_eps,
@@ -373,84 +406,112 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         entropy_coef=cfg.algo.entropy_coef,
         micro_batches=cfg.algo.micro_batches,
     )
-    mini = cfg.algo.mini_batches
-    if rows % mini or (rows // mini) % cfg.algo.micro_batches:
-        raise ValueError(
-            f"config: batch_size*group_size={rows} rows must split into algo.mini_batches={mini} "
-            f"of algo.micro_batches={cfg.algo.micro_batches} each"
+    update = ts.make_train_step(
+        ts.policy_loss_fn(config, loss_cfg),
+        loss_cfg.agg_mode,
+        loss_cfg.micro_batches,
+        optimizer,
+        mesh,
+        state["policy"],
+        example,
+    )
+    logprob_fn = ts.make_logprob_fn(config, mesh, state["policy"].params, example)
+    if ppo:
+        critic_example = dict(example, old_values=zeros(np.float32), returns=zeros(np.float32))
+        critic_update = ts.make_train_step(
+            functools.partial(ts.critic_loss, config, cfg.critic.clip_eps, cfg.algo.agg_mode),
+            cfg.algo.agg_mode,
+            cfg.algo.micro_batches,
+            critic_opt,
+            mesh,
+            state["critic"],
+            critic_example,
         )
-    example_batch = {
-        "tokens": np.zeros((rows // mini, width), np.int32),
-        "attention_mask": np.zeros((rows // mini, width), np.int32),
-        "loss_mask": np.zeros((rows // mini, width), np.int32),
-        "advantages": np.zeros((rows // mini,), np.float32),
-        "old_logprobs": np.zeros((rows // mini, width), np.float32),
-        "ref_logprobs": np.zeros((rows // mini, width), np.float32),
-    }
-    update = ts.make_train_step(config, loss_cfg, optimizer, mesh, state, example_batch)
-    logprob_fn = ts.make_logprob_fn(config, mesh, state.params, example_batch)
+        value_fn = ts.make_value_fn(config, mesh, state["critic"].params, example)
 
+    # --- the loop
     if start == 0 and setup.eval_sets:
-        writer.write(0, evaluate(setup, state.params, 0))
+        writer.write(0, evaluate(setup, state["policy"].params, 0))
     last = {}
     bar = tqdm(
         range(start, cfg.total_steps),
         initial=start,
         total=cfg.total_steps,
-        desc="grpo",
+        desc="ppo" if ppo else "grpo",
         disable=not progress or jax.process_index() != 0,
     )
     for step in bar:
         t0 = time.perf_counter()
         batch_examples = next(iterator)
-        traj = rollout(
-            setup, state.params, [e.question for e in batch_examples], 7919 * (step + 1) + cfg.seed
-        )
+        questions = [e.question for e in batch_examples]
+        traj = rollout(setup, state["policy"].params, questions, 7919 * (step + 1) + cfg.seed)
         t_rollout = time.perf_counter() - t0
 
         scores = np.asarray(setup.reward_fn(reward_inputs(traj, batch_examples)), np.float32)
-        advantages = np.asarray(
-            adv_lib.get_advantage_fn(cfg.algo.advantage)(jnp.asarray(scores), cfg.data.group_size)
-        )
         tokens, attn, lmask = (pad_to(x, width) for x in (traj.tokens, traj.attention_mask, traj.loss_mask))
         t1 = time.perf_counter()
-        mb = rows // mini
-        # log-probs of the rollout policy (and the reference) before any update of this step
+        # log-probs of the rollout policy, the reference and the critic's values, before any update
         slices = [slice(j * mb, (j + 1) * mb) for j in range(mini)]
-        old = [logprob_fn(state.params, tokens[sl], attn[sl]) for sl in slices]
+        old = np.concatenate([logprob_fn(state["policy"].params, tokens[sl], attn[sl]) for sl in slices])
         ref = (
-            [logprob_fn(ref_params, tokens[sl], attn[sl]) for sl in slices] if ref_params is not None else old
+            old
+            if ref_params is None
+            else np.concatenate([logprob_fn(ref_params, tokens[sl], attn[sl]) for sl in slices])
         )
+        if ppo:
+            values = np.concatenate([value_fn(state["critic"].params, tokens[sl], attn[sl]) for sl in slices])
+            token_rewards = outcome_token_rewards(scores, lmask)
+            if cfg.algo.kl_in_reward:
+                token_rewards -= cfg.algo.kl_in_reward * (old - ref) * lmask
+            advantages, returns = (
+                np.asarray(x)
+                for x in adv_lib.gae_advantages(
+                    jnp.asarray(token_rewards),
+                    jnp.asarray(values),
+                    jnp.asarray(lmask),
+                    cfg.algo.gamma,
+                    cfg.algo.lam,
+                )
+            )
+        else:
+            advantages = np.asarray(
+                adv_lib.get_advantage_fn(cfg.algo.advantage)(jnp.asarray(scores), cfg.data.group_size)
+            )
         step_metrics = []
-        for epoch in range(cfg.algo.ppo_epochs):
-            for j, sl in enumerate(slices):
+        for _ in range(cfg.algo.ppo_epochs):
+            for sl in slices:
                 batch = dict(
                     tokens=tokens[sl],
                     attention_mask=attn[sl],
                     loss_mask=lmask[sl],
                     advantages=advantages[sl],
-                    old_logprobs=old[j],
-                    ref_logprobs=ref[j],
+                    old_logprobs=old[sl],
+                    ref_logprobs=ref[sl],
                 )
-                state, m = update(state, batch)
+                state["policy"], m = update(state["policy"], batch)
+                if ppo:
+                    batch = dict(batch, old_values=values[sl], returns=returns[sl])
+                    state["critic"], critic_m = critic_update(state["critic"], batch)
+                    m = dict(m, **{f"critic/{k}": v for k, v in critic_m.items()})
                 step_metrics.append(m)
         t_update = time.perf_counter() - t1
 
         done = step + 1
         metrics = {k: float(np.mean([jax.device_get(m[k]) for m in step_metrics])) for k in step_metrics[0]}
         metrics.update(rollout_stats(traj, batch_examples))
+        elapsed = time.perf_counter() - t0
         metrics.update(
             {
                 "reward": float(scores.mean()),
                 "time/rollout_s": t_rollout,
                 "time/update_s": t_update,
-                "time/step_s": time.perf_counter() - t0,
-                "tokens_per_s": float(traj.attention_mask.sum()) / max(time.perf_counter() - t0, 1e-9),
-                "skipped_updates": float(jax.device_get(state.skipped)),
+                "time/step_s": elapsed,
+                "tokens_per_s": float(traj.attention_mask.sum()) / elapsed,
+                "skipped_updates": float(jax.device_get(state["policy"].skipped)),
             }
         )
         if cfg.eval_every and setup.eval_sets and (done % cfg.eval_every == 0 or done == cfg.total_steps):
-            metrics.update(evaluate(setup, state.params, done))
+            metrics.update(evaluate(setup, state["policy"].params, done))
         if done % cfg.log_every == 0 or done == cfg.total_steps:
             writer.write(done, metrics)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", em=f"{metrics['em']:.3f}")
@@ -463,3 +524,12 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     ckpt.wait()
     ckpt.close()
     return last
+
+
+def outcome_token_rewards(scores: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """[B, T] rewards: each row's score on its last policy token, 0 elsewhere (the outcome reward of PPO)."""
+    out = np.zeros(loss_mask.shape, np.float32)
+    last = loss_mask.shape[1] - 1 - np.argmax(loss_mask[:, ::-1], axis=1)
+    has = loss_mask.any(axis=1)
+    out[np.arange(len(scores))[has], last[has]] = scores[has]
+    return out
