@@ -64,7 +64,14 @@ def get_config() -> ml_collections.ConfigDict:
         eval_retrieval_k=3,
         micro_batch=0,  # rows per sampler call (0: the whole batch)
     )
-    c.reward = dict(terms=(("search_r1", 1.0),))  # (registry name, weight); see jaxsearch/rl/rewards.py
+    # (name, weight): names of jaxsearch/rl/rewards.py's registry, plus "evidence" (R-Search's evidence
+    # reward, needs evidence_model) and "grounded" (SOAR's judge: 1 when grounded, needs judge)
+    c.reward = dict(terms=(("em", 1.0),))  # Search-R1's reward: exact match of the last <answer>
+    # Chat models behind SOAR's fabrication judge and R-Search's evidence answerer; kind "" = none, openai
+    # (an OpenAI-compatible server such as vLLM: base_url, model) or local (a checkpoint dir: path, tokenizer).
+    chat = dict(kind="", base_url="", model="", path="", tokenizer="qwen", cache_len=4096, max_new_tokens=512)
+    c.judge = dict(chat)
+    c.evidence_model = dict(chat)
     c.algo = dict(
         advantage="grpo",  # grpo | dr_grpo | gae (PPO with a critic)
         policy_loss="ppo",

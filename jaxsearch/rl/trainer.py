@@ -29,6 +29,7 @@ from jaxsearch.eval import metrics as qa_metrics
 from jaxsearch.models import hf_io, qwen2
 from jaxsearch.retrieval.factory import make_retriever
 from jaxsearch.rl import advantages as adv_lib
+from jaxsearch.rl import judge as judge_lib
 from jaxsearch.rl import rewards as rewards_lib
 from jaxsearch.rl import train_step as ts
 from jaxsearch.rollout import episode, segments
@@ -105,6 +106,36 @@ def build_retriever(rcfg):
     )
 
 
+def chat_model(mcfg):
+    """A judge / evidence model from its config: kind openai (base_url, model) or local (path, tokenizer)."""
+    if mcfg.kind == "openai":
+        return judge_lib.make_chat_model("openai", base_url=mcfg.base_url, model=mcfg.model)
+    if mcfg.kind == "local":
+        return judge_lib.make_chat_model(
+            "local",
+            path=mcfg.path,
+            tokenizer=mcfg.tokenizer,
+            cache_len=mcfg.cache_len,
+            max_new_tokens=mcfg.max_new_tokens,
+        )
+    raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai' or 'local'")
+
+
+def build_reward_fn(cfg):
+    """config.reward.terms -> one reward function. Names come from `rewards.REWARDS`, plus `evidence`
+    (R-Search, needs config.evidence_model) and `grounded` (SOAR's judge, needs config.judge)."""
+    terms = []
+    for name, weight in cfg.reward.terms:
+        if name == "evidence":
+            fn = rewards_lib.evidence_reward(judge_lib.ChatEvidenceAnswerer(chat_model(cfg.evidence_model)))
+        elif name == "grounded":
+            fn = rewards_lib.fabrication_reward(judge_lib.ChatJudge(chat_model(cfg.judge)))
+        else:
+            fn = rewards_lib.get_reward(name)
+        terms.append((fn, weight))
+    return rewards_lib.combine(terms)
+
+
 @dataclasses.dataclass
 class Setup:
     """Everything the loop uses, built once."""
@@ -121,6 +152,7 @@ class Setup:
     eval_sampler: sampler_lib.Sampler
     episode_cfg: episode.EpisodeConfig
     eval_sets: dict
+    judge: Any  # SOAR's fabrication judge for evaluation (None without config.judge)
 
 
 def make_setup(cfg, mesh, config) -> Setup:
@@ -167,11 +199,12 @@ def make_setup(cfg, mesh, config) -> Setup:
         protocol,
         retriever,
         initial,
-        rewards_lib.combine([tuple(t) for t in cfg.reward.terms]),
+        build_reward_fn(cfg),
         sampler(r.temperature),
         sampler(r.eval_temperature),
         ep,
         eval_sets,
+        judge_lib.ChatJudge(chat_model(cfg.judge)) if cfg.judge.kind else None,
     )
 
 
@@ -269,7 +302,11 @@ def evaluate(setup: Setup, params, step: int) -> dict:
         traj = rollout(
             setup, params, [e.question for e in examples], 10_000_019 * (step + 1), setup.eval_sampler, ep
         )
-        for key, value in rollout_stats(traj, examples).items():
+        stats = rollout_stats(traj, examples)
+        if setup.judge is not None:  # SOAR's evidence-fabrication rate (share of judged-ungrounded episodes)
+            scores = rewards_lib.judge_fabrication(setup.judge, reward_inputs(traj, examples))
+            stats["fabrication_rate"] = rewards_lib.fabrication_rate(scores)
+        for key, value in stats.items():
             out[f"eval/{name}/{key}"] = value
     return out
 

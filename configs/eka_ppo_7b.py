@@ -1,0 +1,11 @@
+"""EKA with PPO (critic + GAE) instead of GRPO: the eka_7b recipe with search_r1_ppo_7b's algorithm."""
+
+from configs import eka_7b, search_r1_ppo_7b
+
+
+def get_config():
+    c = eka_7b.get_config()
+    ppo = search_r1_ppo_7b.get_config()
+    c.algo.update(ppo.algo)
+    c.data.group_size = ppo.data.group_size
+    return c

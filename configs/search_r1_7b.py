@@ -1,0 +1,23 @@
+"""Search-R1 (GRPO) on Qwen2.5-7B: NQ + HotpotQA training, e5 retrieval over wiki-18 from a retrieval server.
+
+Published setting (Search-R1's train_grpo.sh): lr 1e-6, warmup ratio 0.285, 1005 steps, 512 prompts x 5
+samples, KL 0.001 (low_var_kl), clip 0.2, 4 turns, top-3 passages, 500-token responses and observations.
+Target: one v5p-64 pod slice or 8 x H100 80GB (see launch/plan.py once it lands, and README).
+
+    python launch/serve_retriever.py --corpus wiki-18.jsonl --retriever dense --index indexes/e5_flat --port 8000
+    python launch/train.py --config configs/search_r1_7b.py --config.model.hf_path=/ckpt/Qwen2.5-7B
+"""
+
+from configs import base
+
+
+def get_config():
+    c = base.get_config()
+    c.model.hf_path = "checkpoints/Qwen2.5-7B"
+    c.protocol.name = "search_r1"
+    c.data.train = "data/nq_hotpotqa_train/train.parquet"
+    c.data.eval = {
+        name: f"data/{name}/test.jsonl"
+        for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+    }
+    return c

@@ -1,0 +1,15 @@
+"""Search-R1 with PPO: a critic initialised from the policy (lr 1e-5, warmup 0.015), GAE (gamma = lambda
+= 1), KL 0.001 as a per-token reward penalty, one sample per prompt (Search-R1's train_ppo.sh).
+
+    python launch/train.py --config configs/search_r1_ppo_7b.py --config.model.hf_path=/ckpt/Qwen2.5-7B
+"""
+
+from configs import search_r1_7b
+
+
+def get_config():
+    c = search_r1_7b.get_config()
+    c.algo.update(dict(advantage="gae", kl_coef=0.0, kl_in_reward=0.001, gamma=1.0, lam=1.0))
+    c.data.group_size = 1
+    c.algo.micro_batches = 8
+    return c
