@@ -85,3 +85,80 @@ def test_random_policy_episode_masks_and_limits(world, name):
             assert context == [protocol.invalid_hint()] * cfg.max_turns
         # sampled log-probs sit exactly on the policy tokens
         assert np.all((traj.logprobs[b] != 0) <= (traj.loss_mask[b] == 1))
+
+
+# ------------------------------------------------------------------ a tiny model that really searches
+
+
+@pytest.fixture(scope="module")
+def searcher():
+    from jaxsearch.rl.sft import train_tiny_searcher
+
+    return train_tiny_searcher()
+
+
+def _searcher_sampler(config, tokenizer, protocol, temperature=0.0):
+    table = S.StopTable.build(tokenizer, protocol.stop_strings, [tokenizer.eos_id], config.vocab_size)
+    return S.Sampler(
+        config,
+        table,
+        cache_len=768,
+        max_segment=48,
+        sampling=S.SamplingParams(temperature),
+        prompt_buckets=[192],
+        chunk_buckets=[160],
+    )
+
+
+def test_searcher_episodes_mask_observations_and_match_a_fresh_forward(searcher):
+    from jaxsearch.rl.train_step import sequence_logprobs
+
+    config, params, tok, world, retriever = searcher
+    protocol = get_protocol("search_r1")
+    smp = _searcher_sampler(config, tok, protocol, temperature=1.0)
+    questions = [q.question for q in world.questions["test"][:8]]
+    cfg = episode.EpisodeConfig(max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    traj = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg, seed=3)
+    assert traj.searches.mean() >= 1  # it really searches
+    for b in range(len(questions)):
+        runs = _spans(traj, b)
+        context = [tok.decode(ids) for m, ids in runs if m == 0]
+        hints = [c for c in context if c == protocol.invalid_hint()]
+        observations = [c for c in context if c != protocol.invalid_hint()]
+        # every mask-0 span is exactly an observation the retriever produced (or the hint)
+        assert observations == traj.observations[b]
+        assert len(observations) == traj.searches[b] and len(observations) + len(hints) <= cfg.max_turns
+        assert traj.turns[b] <= cfg.max_turns + 1
+        for obs, ids in zip(traj.observations[b], traj.doc_ids[b]):
+            assert all(retriever.corpus.get(i).text in obs for i in ids)  # the retrieved passages, in full
+            assert obs.startswith("\n\n<information>") and obs.endswith("</information>\n\n")
+    # the recorded sample log-probs are the model's log-probs of exactly these tokens
+    fresh = np.asarray(sequence_logprobs(config, params, traj.tokens, traj.attention_mask))
+    policy = traj.loss_mask == 1
+    np.testing.assert_allclose(traj.logprobs[policy], fresh[policy], atol=2e-4)
+    # segment labels: searched text is labelled search, observations information
+    search_id, info_id = 2, 6
+    assert (traj.segment_ids[policy] == search_id).any()
+    assert np.all(
+        traj.segment_ids[(traj.loss_mask == 0) & (traj.attention_mask == 1)][
+            traj.segment_ids[(traj.loss_mask == 0) & (traj.attention_mask == 1)] != 0
+        ]
+        == info_id
+    )
+
+
+def test_rows_do_not_disturb_each_other_and_nothing_recompiles(searcher):
+    """Greedy rows give the same trajectory alone or in a batch; a second batch compiles nothing."""
+    config, params, tok, world, retriever = searcher
+    protocol = get_protocol("search_r1")
+    smp = _searcher_sampler(config, tok, protocol)
+    cfg = episode.EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    questions = [q.question for q in world.questions["test"][8:12]]
+    together = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg)
+    count = smp.compiled_count()
+    for b, q in enumerate(questions):
+        alone = episode.run_episodes(smp, params, tok, protocol, retriever, [q] * 4, cfg)
+        n = together.attention_mask[b].sum()
+        np.testing.assert_array_equal(alone.tokens[0, :n], together.tokens[b, :n])
+        np.testing.assert_array_equal(alone.loss_mask[0, :n], together.loss_mask[b, :n])
+    assert smp.compiled_count() == count

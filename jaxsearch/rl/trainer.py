@@ -243,6 +243,8 @@ def concat_trajectories(parts: list[episode.Trajectories]) -> episode.Trajectori
         values = [getattr(p, f.name) for p in parts]
         if isinstance(values[0], list):
             out[f.name] = sum(values, [])
+        elif isinstance(values[0], dict):  # timings
+            out[f.name] = {k: sum(v[k] for v in values) for k in values[0]}
         elif values[0].ndim == 2:
             out[f.name] = np.concatenate([np.pad(v, ((0, 0), (0, width - v.shape[1]))) for v in values])
         else:
@@ -536,6 +538,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         done = step + 1
         metrics = {k: float(np.mean([jax.device_get(m[k]) for m in step_metrics])) for k in step_metrics[0]}
         metrics.update(rollout_stats(traj, batch_examples))
+        metrics.update({f"time/rollout_{k}_s": v for k, v in traj.timings.items()})
         elapsed = time.perf_counter() - t0
         metrics.update(
             {

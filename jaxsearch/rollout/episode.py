@@ -18,6 +18,7 @@ text); observations are encoded once, on their own, as the policy then sees them
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -69,6 +70,8 @@ class Trajectories:
     internal_knowledge: list = dataclasses.field(metadata=dict(static=True))  # SOAR: internal streams
     evidence: list = dataclasses.field(metadata=dict(static=True))  # R-Search: last <evidence> or None
     sources: list = dataclasses.field(metadata=dict(static=True))  # SOAR: declared source or None
+    timings: dict = dataclasses.field(metadata=dict(static=True))  # seconds: device (prefill, decode,
+    # append), retrieval (incl. SOAR's internal stream), host (parsing, encoding, assembly)
     truncated: np.ndarray  # [B] bool: the row ran out of cache room before it answered
 
 
@@ -119,6 +122,7 @@ def run_episodes(
     internal_generate: SOAR's internal-knowledge stream, messages per query -> generated text per query
       (e.g. `text_generator(...)` over the policy or a frozen copy).
     """
+    t_start = time.perf_counter()
     b = len(questions)
     contexts = protocol.initial_context(list(questions), initial_retriever or retriever, config.initial_k)
     prompts = [
@@ -139,7 +143,10 @@ def run_episodes(
             f"protocol {protocol.name!r} needs internal_generate (the internal-knowledge stream)"
         )
     rows = [_Row() for _ in range(b)]
+    clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
+    t = time.perf_counter()
     state = sampler.start(params, prompts, seed)
+    clock["device"] += time.perf_counter() - t
 
     for turn in range(config.max_turns + 1):
         final = turn == config.max_turns
@@ -150,7 +157,9 @@ def run_episodes(
         for i in active:  # leave room for the segment; a row without room ends truncated
             free = sampler.cache_len - len(prompts[i]) - rows[i].length
             budget[i] = min(config.max_segment_tokens, free)
-        seg, state = sampler.decode(params, state, budget)
+        t = time.perf_counter()
+        seg, state = sampler.decode(params, state, budget)  # returns host arrays: the device work is done
+        clock["device"] += time.perf_counter() - t
         searches: list[tuple[int, str]] = []
         observations: dict[int, tuple[str, str]] = {}
         for i in active:
@@ -173,8 +182,10 @@ def run_episodes(
                 observations[i] = (HINT, protocol.invalid_hint())
         if searches:
             queries = [q for _, q in searches]
+            t = time.perf_counter()
             docs = retriever.search(queries, config.retrieval_k)
             internal = _internal_streams(protocol, internal_generate, queries, config.internal_k)
+            clock["retrieval"] += time.perf_counter() - t
             for j, (i, _) in enumerate(searches):
                 if internal is None:
                     obs = protocol.format_observation(docs[j])
@@ -195,9 +206,14 @@ def run_episodes(
                 continue
             rows[i].add(kind, ids, tokenizer.decode(ids))
             chunks[i] = ids
+        t = time.perf_counter()
         state = sampler.append(params, state, chunks)
+        jax.block_until_ready(state.logits)
+        clock["device"] += time.perf_counter() - t
 
-    return _assemble(prompts, rows, tokenizer, protocol)
+    traj = _assemble(prompts, rows, tokenizer, protocol, clock)
+    clock["host"] = time.perf_counter() - t_start - clock["device"] - clock["retrieval"]
+    return traj
 
 
 def _internal_streams(protocol, internal_generate, queries, k):
@@ -208,7 +224,7 @@ def _internal_streams(protocol, internal_generate, queries, k):
     return [protocol.format_internal_facts(protocol.parse_internal_facts(g, k)) for g in generated]
 
 
-def _assemble(prompts, rows, tokenizer, protocol) -> Trajectories:
+def _assemble(prompts, rows, tokenizer, protocol, timings) -> Trajectories:
     b = len(rows)
     width = max(len(p) + r.length for p, r in zip(prompts, rows))
     tokens = np.zeros((b, width), np.int32)
@@ -254,6 +270,7 @@ def _assemble(prompts, rows, tokenizer, protocol) -> Trajectories:
         internal_knowledge=[r.internal for r in rows],
         evidence=[parse_evidence(r) for r in responses],
         sources=[parse_source(r) for r in responses],
+        timings=timings,
         truncated=np.asarray([r.truncated for r in rows]),
     )
 
