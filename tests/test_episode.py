@@ -97,7 +97,7 @@ def searcher():
     return train_tiny_searcher()
 
 
-def _searcher_sampler(config, tokenizer, protocol, temperature=0.0):
+def _searcher_sampler(config, tokenizer, protocol, temperature=0.0, prompt_bucket=192):
     table = S.StopTable.build(tokenizer, protocol.stop_strings, [tokenizer.eos_id], config.vocab_size)
     return S.Sampler(
         config,
@@ -105,7 +105,7 @@ def _searcher_sampler(config, tokenizer, protocol, temperature=0.0):
         cache_len=768,
         max_segment=48,
         sampling=S.SamplingParams(temperature),
-        prompt_buckets=[192],
+        prompt_buckets=[prompt_bucket],
         chunk_buckets=[160],
     )
 
@@ -162,3 +162,38 @@ def test_rows_do_not_disturb_each_other_and_nothing_recompiles(searcher):
         np.testing.assert_array_equal(alone.tokens[0, :n], together.tokens[b, :n])
         np.testing.assert_array_equal(alone.loss_mask[0, :n], together.loss_mask[b, :n])
     assert smp.compiled_count() == count
+
+
+def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
+    config, params, tok, world, retriever = searcher
+    protocol = get_protocol("soar")
+    smp = _searcher_sampler(config, tok, protocol, prompt_bucket=384)
+    internal_table = S.StopTable.build(tok, [], [tok.eos_id], config.vocab_size)
+    internal_smp = S.Sampler(
+        config, internal_table, cache_len=512, max_segment=24, sampling=S.SamplingParams(0.0)
+    )
+    generated = []
+
+    def internal(messages):  # the policy's own generation, recorded for the check below
+        out = episode.text_generator(internal_smp, params, tok)(messages)
+        generated.extend(out)
+        return out
+
+    cfg = episode.EpisodeConfig(
+        max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=400, internal_k=3
+    )
+    questions = [q.question for q in world.questions["test"][:4]]
+    traj = episode.run_episodes(
+        smp, params, tok, protocol, retriever, questions, cfg, internal_generate=internal
+    )
+    n_obs = sum(len(o) for o in traj.observations)
+    assert n_obs > 0 and len(generated) == n_obs
+    for b in range(len(questions)):
+        context = [tok.decode(ids) for m, ids in _spans(traj, b) if m == 0]
+        observations = [c for c in context if c != protocol.invalid_hint()]
+        assert observations == traj.observations[b]
+        for obs, facts in zip(observations, traj.internal_knowledge[b]):
+            assert "Internal information:" in obs and "External information:" in obs
+            assert facts.strip() in obs
+            expected = {protocol.format_internal_facts(protocol.parse_internal_facts(g, 3)) for g in generated}
+            assert facts in expected
