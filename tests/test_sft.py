@@ -9,7 +9,6 @@ import json
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,7 +25,13 @@ from jaxsearch.data.synthetic import generate_world, solution_trace, world_confi
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.factory import make_retriever
-from jaxsearch.rl.sft import masked_nll, sft_train, tiny_searcher_history, train_tiny_searcher
+from jaxsearch.rl.sft import (
+    make_sft_step,
+    masked_nll,
+    sft_optimizer,
+    tiny_searcher_history,
+    train_tiny_searcher,
+)
 from jaxsearch.rollout.protocols import get_protocol
 from jaxsearch.rollout.sampler import generate
 
@@ -218,7 +223,7 @@ def test_masked_nll_matches_numpy():
     attention[2, 5:] = 0
     loss_mask = rng.integers(0, 2, (3, 12)).astype(np.int32) * attention
 
-    logits = np.asarray(qwen2.forward(config, params, jnp.asarray(ids), jnp.asarray(attention)), np.float64)
+    logits = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, ids, attention), np.float64)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     terms = [-logp[b, t - 1, ids[b, t]] for b in range(3) for t in range(1, 12) if loss_mask[b, t]]
 
@@ -227,15 +232,21 @@ def test_masked_nll_matches_numpy():
     np.testing.assert_allclose(float(loss), np.mean(terms), rtol=1e-5)
 
 
-def test_sft_train_is_deterministic():
+def test_sft_step_donates_and_is_deterministic():
     config = tiny_config(vocab=17)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 17, (4, 16)).astype(np.int32)
+    ids = np.random.default_rng(0).integers(0, 17, (4, 16)).astype(np.int32)
     batch = (ids, np.ones_like(ids), (ids % 2).astype(np.int32))
+    optimizer = sft_optimizer(1e-2, 2, 6)
+    step = make_sft_step(config, optimizer)
     runs = []
     for _ in range(2):
-        params = qwen2.init_params(config, jax.random.PRNGKey(0))
-        params, losses = sft_train(config, params, iter([batch] * 6), 6, 1e-2, 2, 3, progress=False)
+        params = initial = qwen2.init_params(config, jax.random.PRNGKey(0))
+        opt_state = optimizer.init(params)
+        losses = []
+        for _ in range(6):
+            params, opt_state, metrics = step(params, opt_state, *batch)
+            losses.append(float(metrics["loss"]))
+        assert all(leaf.is_deleted() for leaf in jax.tree.leaves(initial))
         runs.append((losses, jax.tree.leaves(params)))
     assert runs[0][0] == runs[1][0] and runs[0][0][-1] < runs[0][0][0]
     for a, b in zip(runs[0][1], runs[1][1]):
