@@ -4,6 +4,7 @@
 
 Prints one JSON line per size with tokens/s of each and their ratio, and checks the logits agree.
 """
+
 import argparse
 import json
 import os
@@ -27,8 +28,11 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    print(f"jax {jax.__version__} {jax.devices()[0].platform}, torch {torch.__version__} "
-          f"threads={torch.get_num_threads()}", flush=True)
+    print(
+        f"jax {jax.__version__} {jax.devices()[0].platform}, torch {torch.__version__} "
+        f"threads={torch.get_num_threads()}",
+        flush=True,
+    )
     for size in args.size:
         model = hf_model(size)
         with tempfile.TemporaryDirectory() as d:
@@ -44,14 +48,27 @@ def main():
             with torch.inference_mode():
                 return model(input_ids=t_ids, attention_mask=t_mask).logits
 
+        # jax first: torch's OpenMP threads keep spinning for a while after each call (see bench/rollout.py)
+        t_ours = median_time(ours, args.reps)
+        t_hf = median_time(theirs, args.reps)
         diff = float(np.abs(np.asarray(ours()) - theirs().numpy()).max())
-        t_ours, t_hf = median_time(ours, args.reps), median_time(theirs, args.reps)
         n = args.batch * args.seq
-        print(json.dumps({
-            "bench": "forward", "size": size, "params_M": round(config.num_params() / 1e6, 1),
-            "batch": args.batch, "seq": args.seq, "jaxsearch_tok_s": round(n / t_ours),
-            "transformers_tok_s": round(n / t_hf), "ratio": round(t_hf / t_ours, 2),
-            "max_abs_logit_diff": diff}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bench": "forward",
+                    "size": size,
+                    "params_M": round(config.num_params() / 1e6, 1),
+                    "batch": args.batch,
+                    "seq": args.seq,
+                    "jaxsearch_tok_s": round(n / t_ours),
+                    "transformers_tok_s": round(n / t_hf),
+                    "ratio": round(t_hf / t_ours, 2),
+                    "max_abs_logit_diff": diff,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

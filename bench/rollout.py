@@ -85,8 +85,12 @@ def main():
                     use_cache=True,
                 )[:, PROMPT:].numpy()
 
-        agree = float(np.mean(ours() == theirs()))
-        t_ours, t_hf = median_time(ours, args.reps), median_time(theirs, args.reps)
+        # jax first: torch's OpenMP threads keep spinning for a while after each call and would steal
+        # the 2 cores from XLA's threads if jax ran right after torch
+        t_ours = median_time(ours, args.reps)
+        t_hf = median_time(theirs, args.reps)
+        hf_tokens = theirs()
+        agree = float(np.mean(ours() == hf_tokens))
         n = BATCH * NEW
         print(
             json.dumps(
@@ -105,8 +109,12 @@ def main():
             ),
             flush=True,
         )
-        if args.tunix_python:
+        if args.tunix_python:  # what the anchor script reads beside the weights
             np.save(os.path.join(weights, size, "prompts.npy"), prompts)
+            np.save(os.path.join(weights, size, "hf_greedy.npy"), hf_tokens)
+            with torch.inference_mode():
+                last = model(input_ids=ids).logits[:, -1].numpy()
+            np.save(os.path.join(weights, size, "hf_last_logits.npy"), last)
             tunix_anchor(args.tunix_python, size, weights, args.reps)
     if args.episode:
         episode_bench()

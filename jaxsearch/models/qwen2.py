@@ -379,11 +379,12 @@ class Qwen2(nn.Module):
 
     def logits(self, hidden):
         """hidden [..., E] -> logits [..., V] in fp32."""
-        w = self.embedding.T if self.config.tie_word_embeddings else self.lm_head
         dt = self.config.compute_dtype
-        return jnp.einsum(
-            "...e,ev->...v", hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32
-        )
+        if self.config.tie_word_embeddings:  # contract with the [V, E] table as it is: no transposed copy
+            return jnp.einsum("...e,ve->...v", hidden.astype(dt), self.embedding.astype(dt),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("...e,ev->...v", hidden.astype(dt), self.lm_head.astype(dt),
+                          preferred_element_type=jnp.float32)
 
     def init_all(self, input_ids):
         positions = jnp.zeros_like(input_ids)
