@@ -1,0 +1,388 @@
+"""Evaluation of a search agent on QA datasets: episodes -> one record per example -> a summary per dataset.
+
+    setup = trainer.make_setup(cfg, mesh, config)            # protocol, retriever, samplers, judge
+    summary = evaluate(setup, params, {"nq": examples}, out_dir, batch_size=64, gold_corpus=corpus,
+                       rs_encoder=Encoder("minilm"))
+
+Files in `out_dir`:
+
+    NAME.jsonl    one record per example, appended a batch at a time: id, question, golden_answers,
+                  prediction, metrics, turns, searches, truncated, response, initial_doc_ids (EKA's P0),
+                  doc_ids (per search), and the token row: tokens, loss_mask, segment_ids, entropy
+                  (prompt + response, unpadded; prompt_length marks where the response starts)
+    summary.json  {"datasets": {NAME: metrics}, "average": metrics}, computed from the NAME.jsonl files
+    results.md    the same as a markdown table, one row per dataset and the average
+
+Resumable: a rerun skips the examples (by id) already in NAME.jsonl. A last line without its newline (a crash
+mid-write) is dropped and redone; any other unreadable line is an `EvalError` naming the file and line.
+
+Metrics per example (`record["metrics"]`):
+
+    em, f1, sub_em  the final <answer> against the golden answers (`eval.metrics`; no answer scores "")
+    recall          FlashRAG's retrieval recall@k: 1 if a golden answer occurs in a passage the episode
+                    retrieved: any search's top-k, and EKA's P0 unless include_initial=False
+    rs              R-S (`retrieval_similarity`): the gold passages (`supporting_ids` looked up in
+                    `gold_corpus`) against all retrieved passages (P0 as for recall); None without supporting
+                    ids, without retrieved passages, or without gold_corpus / rs_encoder
+    fabrication     SOAR's judge (`setup.judge`): 1 fabricated, 0 grounded; None unparseable or no judge
+
+Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, rs and
+fabrication_rate over their non-None values (None if there are none, with rs_n / fabrication_n counted), and
+the entropy of the policy's tokens, overall and per segment type (`entropy/think`, ...), token-weighted. The
+average row is the mean over datasets of each metric (skipping None) and the total n.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from jaxsearch.data.qa import QAExample
+from jaxsearch.eval import metrics as qa_metrics
+from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
+from jaxsearch.retrieval.base import Doc
+from jaxsearch.retrieval.metrics import recall_at_k
+from jaxsearch.rl import rewards as rewards_lib
+from jaxsearch.rl import trainer
+from jaxsearch.rollout import segments
+
+MEAN_METRICS = ("em", "f1", "sub_em", "recall", "turns", "searches", "finish_ratio", "truncated")
+TABLE_COLUMNS = (  # (summary key, header)
+    ("n", "n"),
+    ("em", "EM"),
+    ("f1", "F1"),
+    ("sub_em", "sub-EM"),
+    ("recall", "recall@k"),
+    ("rs", "R-S"),
+    ("turns", "turns"),
+    ("searches", "searches"),
+    ("fabrication_rate", "fabrication"),
+    ("entropy", "entropy"),
+)
+
+
+class EvalError(ValueError):
+    """An output directory or input that cannot be used; the message names the file (and line)."""
+
+
+class RecordingRetriever:
+    """Wraps a retriever and keeps what it returned: `docs` by id, `results` per query in call order."""
+
+    def __init__(self, retriever):
+        self.retriever = retriever
+        self.docs: dict[str, Doc] = {}
+        self.results: list[list[Doc]] = []
+
+    def search(self, queries: list[str], k: int) -> list[list[Doc]]:
+        results = self.retriever.search(queries, k)
+        for docs in results:
+            self.docs.update((d.id, d) for d in docs)
+        self.results.extend(results)
+        return results
+
+    def reset(self) -> None:
+        self.docs, self.results = {}, []
+
+
+# ------------------------------------------------------------------------------------------- records
+
+
+def records_path(out_dir: str, name: str) -> str:
+    return os.path.join(out_dir, f"{name}.jsonl")
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a NAME.jsonl ([] if absent). A last line without newline is cut off the file."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        data = f.read()
+    complete = data.rfind(b"\n") + 1
+    if complete < len(data):  # a crash mid-write: drop the partial line so the rerun appends after it
+        with open(path, "r+b") as f:
+            f.truncate(complete)
+    records = []
+    for line_no, line in enumerate(data[:complete].split(b"\n")[:-1], start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{path}:{line_no}: not a valid record ({e}); move the file aside to redo it")
+        if not isinstance(record, dict) or "id" not in record or "metrics" not in record:
+            raise EvalError(f"{path}:{line_no}: not an evaluation record (needs 'id' and 'metrics')")
+        records.append(record)
+    return records
+
+
+def pending(out_dir: str, datasets: dict[str, list[QAExample]]) -> dict[str, list[int]]:
+    """Per dataset, the indices of the examples without a record yet."""
+    out = {}
+    for name, examples in datasets.items():
+        done = {r["id"] for r in read_records(records_path(out_dir, name))}
+        out[name] = [i for i, ex in enumerate(examples) if ex.id not in done]
+    return out
+
+
+def check_supporting_ids(datasets: dict[str, list[QAExample]], corpus) -> None:
+    """Every supporting id must be a passage of `corpus` (checked before any episode runs)."""
+    for name, examples in datasets.items():
+        for ex in examples:
+            for doc_id in ex.supporting_ids or ():
+                try:
+                    corpus.row_of(doc_id)
+                except KeyError:
+                    raise EvalError(
+                        f"dataset {name}: example {ex.id!r} has supporting id {doc_id!r}, which is not in "
+                        f"the corpus {corpus.path}"
+                    ) from None
+
+
+# ------------------------------------------------------------------------------------------- episodes
+
+
+def run_batch(
+    setup: trainer.Setup,
+    params,
+    examples: Sequence[QAExample],
+    seed: int,
+    batch_size: int,
+    gold_corpus=None,
+    similarity: RetrievalSimilarity | None = None,
+    include_initial: bool = True,
+) -> list[dict]:
+    """Episodes for `examples` (padded to `batch_size` rows with the last question: one compiled shape)
+    -> one record each. `setup.retriever` / `setup.initial_retriever` must be `RecordingRetriever`s."""
+    n = len(examples)
+    questions = [ex.question for ex in examples]
+    questions += [questions[-1]] * (batch_size - n)
+    setup.retriever.reset()
+    setup.initial_retriever.reset()
+    traj = trainer.rollout(setup, params, questions, seed, setup.eval_sampler, setup.episode_cfg)
+    initial = setup.initial_retriever.results[:n] or [[] for _ in range(n)]
+    fabrication = [None] * n
+    if setup.judge is not None:
+        scores = rewards_lib.judge_fabrication(setup.judge, trainer.reward_inputs(traj, examples))
+        fabrication = [None if np.isnan(s) else float(s) for s in scores]
+    k = setup.episode_cfg.retrieval_k
+    retrieved, gold, records = [], [], []
+    for i, ex in enumerate(examples):
+        searched = [[setup.retriever.docs[d] for d in ids] for ids in traj.doc_ids[i]]
+        p0 = initial[i] if include_initial else []
+        lists = ([p0] if p0 else []) + searched
+        recall = max([recall_at_k(docs, ex.golden_answers, len(docs)) for docs in lists], default=0.0)
+        retrieved.append(_unique_contents(lists))
+        gold.append([gold_corpus.get(d).contents for d in ex.supporting_ids or ()] if gold_corpus else [])
+        prediction = traj.answers[i]
+        length = int(traj.attention_mask[i].sum())
+        records.append(
+            {
+                "id": ex.id,
+                "question": ex.question,
+                "golden_answers": ex.golden_answers,
+                "prediction": prediction,
+                "metrics": {
+                    "em": qa_metrics.exact_match(prediction or "", ex.golden_answers),
+                    "f1": qa_metrics.f1_score(prediction or "", ex.golden_answers),
+                    "sub_em": qa_metrics.sub_exact_match(prediction or "", ex.golden_answers),
+                    "recall": recall,
+                    "rs": None,
+                    "fabrication": fabrication[i],
+                },
+                "turns": int(traj.turns[i]),
+                "searches": int(traj.searches[i]),
+                "truncated": bool(traj.truncated[i]),
+                "response": traj.responses[i],
+                "initial_doc_ids": [d.id for d in initial[i]],
+                "doc_ids": traj.doc_ids[i],
+                "prompt_length": int(traj.prompt_lengths[i]),
+                "tokens": traj.tokens[i, :length].tolist(),
+                "loss_mask": traj.loss_mask[i, :length].tolist(),
+                "segment_ids": traj.segment_ids[i, :length].tolist(),
+                "entropy": np.round(traj.entropy[i, :length].astype(np.float64), 5).tolist(),
+            }
+        )
+    if similarity is not None:
+        for record, rs in zip(records, similarity(gold, retrieved)):
+            record["metrics"]["rs"] = rs
+    return records
+
+
+def _unique_contents(doc_lists: list[list[Doc]]) -> list[str]:
+    seen, out = set(), []
+    for docs in doc_lists:
+        for d in docs:
+            if d.contents not in seen:
+                seen.add(d.contents)
+                out.append(d.contents)
+    return out
+
+
+def evaluate(
+    setup: trainer.Setup,
+    params,
+    datasets: dict[str, list[QAExample]],
+    out_dir: str,
+    batch_size: int = 64,
+    seed: int = 0,
+    gold_corpus=None,
+    rs_encoder=None,
+    include_initial: bool = True,
+    progress: bool = True,
+) -> dict:
+    """Run the missing examples of every dataset, append their records, write the summary; return it.
+
+    Example j of a dataset is rolled out in a batch with seed `seed + i`, i the index of the batch's first
+    example (greedy decoding does not depend on it). gold_corpus: a `Corpus` with the supporting passages
+    (R-S); rs_encoder: the R-S sentence encoder (None: no R-S).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    if gold_corpus is not None:
+        check_supporting_ids(datasets, gold_corpus)
+    setup = dataclasses.replace(
+        setup,
+        retriever=RecordingRetriever(setup.retriever),
+        initial_retriever=RecordingRetriever(setup.initial_retriever),
+    )
+    similarity = RetrievalSimilarity(rs_encoder) if rs_encoder is not None and gold_corpus is not None else None
+    for name, todo in pending(out_dir, datasets).items():
+        examples = datasets[name]
+        bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name, disable=not progress)
+        with open(records_path(out_dir, name), "a", encoding="utf-8") as f:
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start : start + batch_size]
+                records = run_batch(
+                    setup,
+                    params,
+                    [examples[i] for i in chunk],
+                    seed + chunk[0],
+                    batch_size,
+                    gold_corpus,
+                    similarity,
+                    include_initial,
+                )
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update(len(chunk))
+        bar.close()
+    return write_summary(out_dir, datasets)
+
+
+# ------------------------------------------------------------------------------------------- summary
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """The dataset-level metrics of its records (see the module docstring)."""
+    out: dict = {"n": len(records)}
+    for key in MEAN_METRICS:
+        values = [_metric(r, key) for r in records]
+        out[key] = float(np.mean(values)) if values else None
+    for key, name in (("rs", "rs"), ("fabrication", "fabrication_rate")):
+        values = [r["metrics"][key] for r in records if r["metrics"].get(key) is not None]
+        out[name] = float(np.mean(values)) if values else None
+        out[f"{key}_n"] = len(values)
+    policy = [(np.asarray(r["entropy"]), np.asarray(r["segment_ids"]), np.asarray(r["loss_mask"]) == 1) for r in records]
+    total = sum(float(e[m].sum()) for e, _, m in policy)
+    count = sum(int(m.sum()) for _, _, m in policy)
+    out["entropy"] = total / count if count else None
+    for name, sid in segments.SEGMENT_IDS.items():
+        count = sum(int((m & (s == sid)).sum()) for _, s, m in policy)
+        if count:
+            out[f"entropy/{name}"] = sum(float(e[m & (s == sid)].sum()) for e, s, m in policy) / count
+    return out
+
+
+def _metric(record: dict, key: str) -> float:
+    if key in record["metrics"]:
+        return float(record["metrics"][key])
+    if key == "finish_ratio":
+        return float(record["prediction"] is not None)
+    return float(record[key])
+
+
+def average(per_dataset: dict[str, dict]) -> dict:
+    """The mean over datasets of each metric (None values skipped), and the total n."""
+    keys = sorted({k for s in per_dataset.values() for k in s} - {"n", "rs_n", "fabrication_n"})
+    out: dict = {"n": sum(s["n"] for s in per_dataset.values())}
+    for key in keys:
+        values = [s[key] for s in per_dataset.values() if s.get(key) is not None]
+        out[key] = float(np.mean(values)) if values else None
+    return out
+
+
+def summary_from_files(out_dir: str, datasets: dict[str, list[QAExample]]) -> dict:
+    """{"datasets": {name: metrics}, "average": metrics} over the records of the given examples."""
+    per_dataset = {}
+    for name, examples in datasets.items():
+        by_id = {r["id"]: r for r in read_records(records_path(out_dir, name))}
+        per_dataset[name] = summarize([by_id[ex.id] for ex in examples if ex.id in by_id])
+    return {"datasets": per_dataset, "average": average(per_dataset)}
+
+
+def markdown_table(summary: dict) -> str:
+    """One row per dataset and the average; the entropy of each segment type that occurs gets a column."""
+    rows = {**summary["datasets"], "average": summary["average"]}
+    segment_keys = [f"entropy/{s}" for s in segments.SEGMENT_IDS if any(f"entropy/{s}" in r for r in rows.values())]
+    columns = list(TABLE_COLUMNS) + [(k, k) for k in segment_keys]
+    lines = [
+        "| dataset | " + " | ".join(h for _, h in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for name, row in rows.items():
+        cells = [_cell(row.get(key), key) for key, _ in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value, key: str) -> str:
+    if value is None:
+        return "-"
+    return str(value) if key == "n" else f"{value:.3f}"
+
+
+def write_summary(out_dir: str, datasets: dict[str, list[QAExample]]) -> dict:
+    """summary.json and results.md from the record files (each replaced atomically); returns the summary."""
+    summary = summary_from_files(out_dir, datasets)
+    _atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    _atomic_write(os.path.join(out_dir, "results.md"), markdown_table(summary))
+    return summary
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------- run settings
+
+
+def claim_out_dir(out_dir: str, settings: dict, dataset_paths: dict[str, str]) -> None:
+    """Record the run's settings in out_dir/run.json, or check that they match the recorded ones (a rerun
+    must not mix results of another checkpoint / retriever / decoding setting into the same files)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "run.json")
+    stored = {"settings": settings, "datasets": {}}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            try:
+                stored = json.load(f)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{path}: not valid JSON ({e})") from None
+        differ = sorted(k for k in set(settings) | set(stored["settings"]) if settings.get(k) != stored["settings"].get(k))
+        if differ:
+            diffs = ", ".join(f"{k}: {stored['settings'].get(k)!r} -> {settings.get(k)!r}" for k in differ)
+            raise EvalError(f"{path}: {out_dir} holds results of another run ({diffs}); use another --out")
+    for name, dataset_path in dataset_paths.items():
+        previous = stored["datasets"].get(name)
+        if previous is not None and previous != dataset_path:
+            raise EvalError(
+                f"{path}: dataset {name} was evaluated from {previous}, not {dataset_path}; use another name"
+            )
+        stored["datasets"][name] = dataset_path
+    _atomic_write(path, json.dumps(stored, indent=2) + "\n")

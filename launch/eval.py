@@ -1,0 +1,214 @@
+"""Evaluate a search agent checkpoint on QA datasets (FlashRAG JSONL or parquet).
+
+    python launch/eval.py --checkpoint ckpt/ --protocol search_r1 --retriever bm25 --corpus wiki-18.jsonl \\
+        --index indexes/wiki18_bm25 --datasets nq=data/nq/test.jsonl hotpotqa=data/hotpotqa/dev.jsonl \\
+        --out runs/eval_search_r1
+    python launch/eval.py --checkpoint Qwen2.5-7B-Instruct/ --protocol eka --eka-tags graph_r1 ...   # EKA
+                                                                                    # training-free
+
+--checkpoint is an HF safetensors dir or a jaxsearch params dir (config.json + params/, e.g. from SFT or
+convert_checkpoint.py). Writes to --out: NAME.jsonl (one record per example with the full trajectory),
+summary.json and results.md (EM, F1, sub-EM, retrieval recall@k, R-S, turns, searches, fabrication rate,
+entropy per segment type; per dataset and on average). Rerunning the same command skips finished examples;
+--out refuses results of different settings (run.json).
+
+Recall@k counts an example when a golden answer occurs in any passage the episode retrieved (each search's
+top-k, and EKA's P0 unless --exclude-p0). R-S needs gold passages: the dataset's metadata.supporting_ids,
+looked up in the retriever's corpus (or --corpus with a remote retriever); a dataset without them reports
+R-S as null (as do all with --rs-encoder none). The fabrication rate needs a judge (--judge-url).
+"""
+
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# FAISS's OpenMP threads spin between calls and starve its BLAS threads (see build_index.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="HF safetensors dir or jaxsearch params dir")
+    p.add_argument("--tokenizer", default="qwen", help="qwen, or a word tokenizer JSON (synthetic world)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="params and compute")
+    p.add_argument("--datasets", nargs="+", required=True, metavar="NAME=PATH", help="QA files to evaluate")
+    p.add_argument("--limit", type=int, default=0, help="first N examples of each dataset (0: all)")
+    p.add_argument("--out", required=True, help="output directory (reused on rerun)")
+    p.add_argument("--batch-size", type=int, default=64, help="episodes per sampler call")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    g = p.add_argument_group("agent")
+    g.add_argument("--protocol", default="search_r1", help="search_r1 | graph_r1 | eka | soar | rsearch")
+    g.add_argument("--eka-tags", default="search_r1", choices=["search_r1", "graph_r1"], help="EKA's tag set")
+    g.add_argument("--topk", type=int, default=5, help="passages per search")
+    g.add_argument("--initial-k", type=int, default=None, help="EKA's P0 passages (default: --topk)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (temperature > 0)")
+    g.add_argument("--max-turns", type=int, default=4, help="turns that may search")
+    g.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
+    g.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
+    g.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
+    g = p.add_argument_group("retrieval")
+    g.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote"])
+    g.add_argument("--corpus", default="", help="corpus JSONL (bm25 / dense; remote: gold passages for R-S)")
+    g.add_argument("--index", default="", help="index dir from build_index.py (default: index in RAM)")
+    g.add_argument("--url", default="", help="remote: the /retrieve endpoint")
+    g.add_argument("--encoder", default="e5", help="dense: query encoder (e5 | bge | minilm | model)")
+    g.add_argument("--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)")
+    g.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
+    g.add_argument("--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages")
+    g = p.add_argument_group("metrics")
+    g.add_argument("--rs-encoder", default="minilm", help="R-S sentence encoder (minilm | e5 | model | none)")
+    g.add_argument("--judge-url", default="", help="OpenAI-compatible server of the fabrication judge")
+    g.add_argument("--judge-model", default="", help="the judge's model name")
+    args = p.parse_args(argv)
+    args.datasets = dict(_dataset(p, spec) for spec in args.datasets)
+    for key in ("checkpoint", "corpus", "index", "initial_corpus", "initial_index"):
+        if getattr(args, key):
+            setattr(args, key, os.path.abspath(getattr(args, key)))
+    if args.tokenizer != "qwen":
+        args.tokenizer = os.path.abspath(args.tokenizer)
+    if bool(args.judge_url) != bool(args.judge_model):
+        p.error("--judge-url and --judge-model go together")
+    return args
+
+
+def _dataset(parser, spec: str) -> tuple[str, str]:
+    name, sep, path = spec.partition("=")
+    if not sep or not path or not DATASET_NAME.match(name) or name == "average":
+        parser.error(f"--datasets {spec!r}: expected NAME=PATH with NAME of letters, digits, _ . - (not average)")
+    return name, os.path.abspath(path)
+
+
+def checkpoint_kind(path: str) -> str:
+    """'orbax' (config.json + params/), 'hf' (*.safetensors) or a FileNotFoundError naming the path."""
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "params")):
+        return "orbax"
+    if os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path)):
+        return "hf"
+    raise FileNotFoundError(f"{path}: not an HF safetensors dir nor a jaxsearch params dir (config.json + params/)")
+
+
+def settings(args) -> dict:
+    """What the results depend on (run.json): a rerun into the same --out must match."""
+    keys = (
+        "tokenizer dtype protocol eka_tags topk initial_k temperature top_p max_turns max_segment_tokens "
+        "max_obs_tokens cache_len retriever corpus index url encoder initial_corpus initial_index exclude_p0 "
+        "rs_encoder judge_url judge_model seed"
+    ).split()
+    out = {k: getattr(args, k) for k in keys + ["checkpoint"]}
+    if args.protocol != "eka":
+        out["eka_tags"] = out["initial_k"] = None
+    return out
+
+
+def make_config(args):
+    """configs/base.py with the command line's model, protocol, retriever, rollout and judge settings."""
+    import ml_collections
+
+    from configs import base
+
+    cfg = ml_collections.ConfigDict(base.get_config().to_dict())
+    kind = checkpoint_kind(args.checkpoint)
+    cfg.model.hf_path = args.checkpoint if kind == "hf" else ""
+    cfg.model.orbax_path = args.checkpoint if kind == "orbax" else ""
+    cfg.model.dtype = cfg.model.param_dtype = args.dtype
+    cfg.model.remat = False
+    cfg.tokenizer.kind, cfg.tokenizer.path = ("qwen", "") if args.tokenizer == "qwen" else ("word", args.tokenizer)
+    cfg.protocol.name, cfg.protocol.tags = args.protocol, args.eka_tags
+    cfg.retriever.update(
+        dict(kind=args.retriever, corpus=args.corpus, index=args.index, url=args.url, encoder=args.encoder)
+    )
+    if args.initial_corpus:
+        cfg.initial_retriever.update(dict(kind="bm25", corpus=args.initial_corpus, index=args.initial_index))
+    cfg.rollout.update(
+        dict(
+            max_turns=args.max_turns,
+            retrieval_k=args.topk,
+            eval_retrieval_k=args.topk,
+            initial_k=args.initial_k or args.topk,
+            max_segment_tokens=args.max_segment_tokens,
+            max_obs_tokens=args.max_obs_tokens,
+            cache_len=args.cache_len,
+            eval_temperature=args.temperature,
+            top_p=args.top_p,
+            micro_batch=0,
+        )
+    )
+    cfg.data.eval = ml_collections.ConfigDict()
+    if args.judge_url:
+        cfg.judge.update(dict(kind="openai", base_url=args.judge_url, model=args.judge_model))
+    cfg.seed = args.seed
+    return cfg
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from jaxsearch.data import qa
+    from jaxsearch.eval import evaluate as ev
+    from jaxsearch.retrieval.corpus import CorpusError
+
+    progress = not args.no_progress
+    try:
+        checkpoint_kind(args.checkpoint)
+        datasets = {}
+        for name, path in args.datasets.items():
+            datasets[name] = qa.load_examples(path)[: args.limit or None]
+            ids = [ex.id for ex in datasets[name]]
+            if len(set(ids)) != len(ids):
+                raise ev.EvalError(f"{path}: duplicate example ids (records are keyed by id)")
+        ev.claim_out_dir(args.out, settings(args), args.datasets)
+        todo = sum(map(len, ev.pending(args.out, datasets).values()))
+        if todo:
+            summary = run(args, datasets, progress)
+        else:
+            summary = ev.write_summary(args.out, datasets)
+    except (qa.QADataError, ev.EvalError, CorpusError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(ev.markdown_table(summary), end="")
+    print(f"ran {todo} examples; results in {args.out} (results.md, summary.json, <dataset>.jsonl)")
+    return 0
+
+
+def run(args, datasets, progress: bool) -> dict:
+    """Load the policy, retriever(s), encoder and judge, then evaluate the missing examples."""
+    from jaxsearch import parallel
+    from jaxsearch.eval import evaluate as ev
+    from jaxsearch.retrieval.corpus import Corpus
+    from jaxsearch.rl import trainer
+
+    cfg = make_config(args)
+    mesh = parallel.make_mesh(dict(cfg.mesh))
+    config, params = trainer.load_policy(cfg, mesh)
+    setup = trainer.make_setup(cfg, mesh, config)
+    gold_corpus, encoder = None, None
+    if args.rs_encoder != "none" and any(ex.supporting_ids for exs in datasets.values() for ex in exs):
+        gold_corpus = getattr(setup.retriever, "corpus", None)
+        if gold_corpus is None and args.corpus:
+            gold_corpus = Corpus(args.corpus, progress=progress)
+        if gold_corpus is not None:
+            from jaxsearch.retrieval.encoders import Encoder
+
+            encoder = Encoder(args.rs_encoder)
+    return ev.evaluate(
+        setup,
+        params,
+        datasets,
+        args.out,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        gold_corpus=gold_corpus,
+        rs_encoder=encoder,
+        include_initial=not args.exclude_p0,
+        progress=progress,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
