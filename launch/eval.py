@@ -59,7 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--index", default="", help="index dir from build_index.py (default: index in RAM)")
     g.add_argument("--url", default="", help="remote: the /retrieve endpoint")
     g.add_argument("--encoder", default="e5", help="dense: query encoder (e5 | bge | minilm | model)")
-    g.add_argument("--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)")
+    g.add_argument(
+        "--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)"
+    )
     g.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
     g.add_argument("--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages")
     g = p.add_argument_group("metrics")
@@ -81,7 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _dataset(parser, spec: str) -> tuple[str, str]:
     name, sep, path = spec.partition("=")
     if not sep or not path or not DATASET_NAME.match(name) or name == "average":
-        parser.error(f"--datasets {spec!r}: expected NAME=PATH with NAME of letters, digits, _ . - (not average)")
+        parser.error(
+            f"--datasets {spec!r}: expected NAME=PATH with NAME of letters, digits, _ . - (not average)"
+        )
     return name, os.path.abspath(path)
 
 
@@ -91,7 +95,9 @@ def checkpoint_kind(path: str) -> str:
         return "orbax"
     if os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path)):
         return "hf"
-    raise FileNotFoundError(f"{path}: not an HF safetensors dir nor a jaxsearch params dir (config.json + params/)")
+    raise FileNotFoundError(
+        f"{path}: not an HF safetensors dir nor a jaxsearch params dir (config.json + params/)"
+    )
 
 
 def settings(args) -> dict:
@@ -119,7 +125,9 @@ def make_config(args):
     cfg.model.orbax_path = args.checkpoint if kind == "orbax" else ""
     cfg.model.dtype = cfg.model.param_dtype = args.dtype
     cfg.model.remat = False
-    cfg.tokenizer.kind, cfg.tokenizer.path = ("qwen", "") if args.tokenizer == "qwen" else ("word", args.tokenizer)
+    cfg.tokenizer.kind, cfg.tokenizer.path = (
+        ("qwen", "") if args.tokenizer == "qwen" else ("word", args.tokenizer)
+    )
     cfg.protocol.name, cfg.protocol.tags = args.protocol, args.eka_tags
     cfg.retriever.update(
         dict(kind=args.retriever, corpus=args.corpus, index=args.index, url=args.url, encoder=args.encoder)
@@ -172,7 +180,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(ev.markdown_table(summary), end="")
-    print(f"ran {todo} examples; results in {args.out} (results.md, summary.json, <dataset>.jsonl)")
+    print(f"evaluated {todo} new examples; results in {args.out} (results.md, summary.json, <dataset>.jsonl)")
     return 0
 
 

@@ -167,7 +167,6 @@ def run_batch(
     if setup.judge is not None:
         scores = rewards_lib.judge_fabrication(setup.judge, trainer.reward_inputs(traj, examples))
         fabrication = [None if np.isnan(s) else float(s) for s in scores]
-    k = setup.episode_cfg.retrieval_k
     retrieved, gold, records = [], [], []
     for i, ex in enumerate(examples):
         searched = [[setup.retriever.docs[d] for d in ids] for ids in traj.doc_ids[i]]
@@ -247,7 +246,9 @@ def evaluate(
         retriever=RecordingRetriever(setup.retriever),
         initial_retriever=RecordingRetriever(setup.initial_retriever),
     )
-    similarity = RetrievalSimilarity(rs_encoder) if rs_encoder is not None and gold_corpus is not None else None
+    similarity = (
+        RetrievalSimilarity(rs_encoder) if rs_encoder is not None and gold_corpus is not None else None
+    )
     for name, todo in pending(out_dir, datasets).items():
         examples = datasets[name]
         bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name, disable=not progress)
@@ -285,7 +286,10 @@ def summarize(records: Sequence[dict]) -> dict:
         values = [r["metrics"][key] for r in records if r["metrics"].get(key) is not None]
         out[name] = float(np.mean(values)) if values else None
         out[f"{key}_n"] = len(values)
-    policy = [(np.asarray(r["entropy"]), np.asarray(r["segment_ids"]), np.asarray(r["loss_mask"]) == 1) for r in records]
+    policy = [
+        (np.asarray(r["entropy"]), np.asarray(r["segment_ids"]), np.asarray(r["loss_mask"]) == 1)
+        for r in records
+    ]
     total = sum(float(e[m].sum()) for e, _, m in policy)
     count = sum(int(m.sum()) for _, _, m in policy)
     out["entropy"] = total / count if count else None
@@ -326,7 +330,9 @@ def summary_from_files(out_dir: str, datasets: dict[str, list[QAExample]]) -> di
 def markdown_table(summary: dict) -> str:
     """One row per dataset and the average; the entropy of each segment type that occurs gets a column."""
     rows = {**summary["datasets"], "average": summary["average"]}
-    segment_keys = [f"entropy/{s}" for s in segments.SEGMENT_IDS if any(f"entropy/{s}" in r for r in rows.values())]
+    segment_keys = [
+        f"entropy/{s}" for s in segments.SEGMENT_IDS if any(f"entropy/{s}" in r for r in rows.values())
+    ]
     columns = list(TABLE_COLUMNS) + [(k, k) for k in segment_keys]
     lines = [
         "| dataset | " + " | ".join(h for _, h in columns) + " |",
@@ -374,7 +380,9 @@ def claim_out_dir(out_dir: str, settings: dict, dataset_paths: dict[str, str]) -
                 stored = json.load(f)
             except json.JSONDecodeError as e:
                 raise EvalError(f"{path}: not valid JSON ({e})") from None
-        differ = sorted(k for k in set(settings) | set(stored["settings"]) if settings.get(k) != stored["settings"].get(k))
+        differ = sorted(
+            k for k in set(settings) | set(stored["settings"]) if settings.get(k) != stored["settings"].get(k)
+        )
         if differ:
             diffs = ", ".join(f"{k}: {stored['settings'].get(k)!r} -> {settings.get(k)!r}" for k in differ)
             raise EvalError(f"{path}: {out_dir} holds results of another run ({diffs}); use another --out")

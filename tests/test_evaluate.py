@@ -1,0 +1,341 @@
+"""launch/eval.py and jaxsearch.eval.evaluate: a tiny searcher on its world's test split and the shipped
+FlashRAG samples, metrics recomputed from the per-example JSONL, resume, R-S, judge, bad input."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxsearch import checkpoint, parallel
+from jaxsearch.data import qa
+from jaxsearch.eval import evaluate as ev
+from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, sub_exact_match
+from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
+from jaxsearch.rollout import segments
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "launch" / "eval.py"
+SAMPLES = sorted(p.name for p in (ROOT / "tests" / "data" / "qa").iterdir())
+TINY_LIMIT = 16
+
+
+def cli(*args, timeout=300):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # one CPU device: faster than 8 fake ones
+    return subprocess.run(
+        [sys.executable, str(EVAL), *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def load_launch_module():
+    spec = importlib.util.spec_from_file_location("launch_eval", EVAL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny searcher saved as a params checkpoint, its tokenizer JSON, its world's test split."""
+    from jaxsearch.rl.sft import train_tiny_searcher
+
+    config, params, tokenizer, world, retriever = train_tiny_searcher()
+    d = tmp_path_factory.mktemp("tiny")
+    checkpoint.save_params(str(d / "ckpt"), config, params)
+    tokenizer.save(d / "tokenizer.json")
+    qa.write_jsonl(world.questions["test"], d / "test.jsonl")
+    return dict(dir=d, config=config, params=params, tokenizer=tokenizer, corpus=retriever.corpus.path)
+
+
+def common_args(tiny):
+    d = tiny["dir"]
+    return [
+        "--checkpoint", d / "ckpt", "--tokenizer", d / "tokenizer.json", "--dtype", "float32",
+        "--retriever", "bm25", "--corpus", tiny["corpus"], "--topk", 1, "--max-turns", 4,
+        "--max-segment-tokens", 48, "--max-obs-tokens", 150, "--cache-len", 768, "--batch-size", 8,
+        "--no-progress",
+    ]  # fmt: skip
+
+
+def dataset_args(tiny):
+    return ["--datasets", f"tiny={tiny['dir'] / 'test.jsonl'}"] + [
+        f"{name}={ROOT / 'tests' / 'data' / 'qa' / name / 'test.jsonl'}" for name in SAMPLES
+    ]
+
+
+@pytest.fixture(scope="module")
+def run(tiny):
+    """One evaluation through the command line: the tiny split (first 16) and every shipped sample."""
+    out = tiny["dir"] / "out"
+    proc = cli(*common_args(tiny), "--limit", TINY_LIMIT, *dataset_args(tiny), "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from jaxsearch.retrieval.encoders import Encoder
+
+    return Encoder("minilm")
+
+
+def corpus_contents(path):
+    with open(path) as f:
+        return {row["id"]: row["contents"] for row in map(json.loads, f)}
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def test_help():
+    proc = cli("--help")
+    assert proc.returncode == 0
+    for flag in ("--checkpoint", "--protocol", "--eka-tags", "--retriever", "--initial-corpus", "--topk",
+                 "--rs-encoder", "--judge-url", "--datasets", "--limit", "--out"):  # fmt: skip
+        assert flag in proc.stdout
+
+
+def test_outputs_and_metrics_recomputed_from_the_jsonl(tiny, run, minilm):
+    out, proc = run
+    summary = json.loads((out / "summary.json").read_text())
+    names = ["tiny"] + SAMPLES
+    assert list(summary["datasets"]) == names
+    contents = corpus_contents(tiny["corpus"])
+    for name in names:
+        source = (
+            tiny["dir"] / "test.jsonl" if name == "tiny" else ROOT / "tests/data/qa" / name / "test.jsonl"
+        )
+        expected = read_jsonl(source)[:TINY_LIMIT]
+        records = read_jsonl(out / f"{name}.jsonl")
+        assert [r["id"] for r in records] == [e["id"] for e in expected]
+        s = summary["datasets"][name]
+        assert s["n"] == len(records)
+        preds = [(r["prediction"] or "", e["golden_answers"]) for r, e in zip(records, expected)]
+        assert s["em"] == pytest.approx(np.mean([exact_match(p, g) for p, g in preds]))
+        assert s["f1"] == pytest.approx(np.mean([f1_score(p, g) for p, g in preds]))
+        assert s["sub_em"] == pytest.approx(np.mean([sub_exact_match(p, g) for p, g in preds]))
+        recall = [
+            any(answer_in_text(contents[i], e["golden_answers"]) for ids in r["doc_ids"] for i in ids)
+            for r, e in zip(records, expected)
+        ]
+        assert s["recall"] == pytest.approx(np.mean(recall))
+        assert s["turns"] == pytest.approx(np.mean([r["turns"] for r in records]))
+        assert s["searches"] == pytest.approx(np.mean([len(r["doc_ids"]) for r in records]))
+        # entropy of the policy's tokens, per segment type, token-weighted
+        ent = np.concatenate([r["entropy"] for r in records])
+        seg = np.concatenate([r["segment_ids"] for r in records])
+        pol = np.concatenate([r["loss_mask"] for r in records]) == 1
+        assert s["entropy"] == pytest.approx(ent[pol].mean())
+        for seg_name, sid in segments.SEGMENT_IDS.items():
+            sel = pol & (seg == sid)
+            assert s.get(f"entropy/{seg_name}") == (pytest.approx(ent[sel].mean()) if sel.any() else None)
+        for r in records:  # the token row: the prompt is never policy; the answer is in the policy's tokens
+            assert len(r["tokens"]) == len(r["loss_mask"]) == len(r["segment_ids"]) == len(r["entropy"])
+            assert not any(r["loss_mask"][: r["prompt_length"]]) and any(r["loss_mask"])
+            if r["prediction"] is not None:
+                policy = [t for t, m in zip(r["tokens"], r["loss_mask"]) if m]
+                assert r["prediction"] in tiny["tokenizer"].decode(policy)
+        assert s["fabrication_rate"] is None  # no judge
+        if name != "tiny":  # the shipped samples have no supporting_ids: no R-S
+            assert s["rs"] is None and s["rs_n"] == 0
+    # R-S of the tiny split: gold passages vs everything retrieved, numpy cosine of MiniLM embeddings
+    records = read_jsonl(out / "tiny.jsonl")
+    examples = {e.id: e for e in qa.load_examples(tiny["dir"] / "test.jsonl")}
+    rs = []
+    for r in records:
+        gold = "\n".join(contents[i] for i in examples[r["id"]].supporting_ids)
+        retrieved = "\n".join(dict.fromkeys(contents[i] for ids in r["doc_ids"] for i in ids))
+        if not retrieved:
+            assert r["metrics"]["rs"] is None
+            continue
+        a, b = minilm.encode_passages([gold, retrieved]).astype(np.float64)
+        rs.append(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+        assert r["metrics"]["rs"] == pytest.approx(rs[-1], abs=1e-5)
+    assert summary["datasets"]["tiny"]["rs"] == pytest.approx(np.mean(rs), abs=1e-5)
+    # the average row: mean over datasets, None skipped
+    for key in ("em", "f1", "recall", "turns", "entropy"):
+        assert summary["average"][key] == pytest.approx(np.mean([summary["datasets"][n][key] for n in names]))
+    assert summary["average"]["rs"] == pytest.approx(summary["datasets"]["tiny"]["rs"])
+    assert summary["average"]["n"] == TINY_LIMIT + 5 * len(SAMPLES)
+    # the table: a row per dataset and the average, values as in the summary
+    table = (out / "results.md").read_text().splitlines()
+    assert [line.split("|")[1].strip() for line in table[2:]] == names + ["average"]
+    header = [h.strip() for h in table[0].split("|")]
+    row = [c.strip() for c in table[2].split("|")]
+    assert row[header.index("EM")] == f"{summary['datasets']['tiny']['em']:.3f}"
+    assert row[header.index("R-S")] == f"{summary['datasets']['tiny']['rs']:.3f}"
+    assert "| average |" in proc.stdout
+
+
+def test_rerun_skips_finished_examples(tiny, run, tmp_path):
+    """Nothing left to run: no model is loaded, the records stay as they are, the summary is rewritten."""
+    out = tmp_path / "out"
+    shutil.copytree(run[0], out)
+    before = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
+    (out / "summary.json").unlink()
+    proc = cli(*common_args(tiny), "--limit", TINY_LIMIT, *dataset_args(tiny), "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "evaluated 0 new examples" in proc.stdout
+    assert {p.name: p.read_bytes() for p in out.glob("*.jsonl")} == before
+    assert (out / "summary.json").read_text() == (run[0] / "summary.json").read_text()
+
+
+def test_a_different_setting_into_the_same_out_is_refused(tiny, run, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(run[0], out)
+    args = [*common_args(tiny), "--limit", TINY_LIMIT, *dataset_args(tiny), "--out", out]
+    args[args.index("--max-turns") + 1] = 3
+    proc = cli(*args)
+    assert proc.returncode == 2
+    assert "max_turns: 4 -> 3" in proc.stderr and str(out / "run.json") in proc.stderr
+
+
+def test_bad_input_is_a_one_line_error_naming_the_file_and_line(tiny, tmp_path):
+    missing = tmp_path / "nope" / "test.jsonl"
+    proc = cli(*common_args(tiny), "--datasets", f"nq={missing}", "--out", tmp_path / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {missing}: no such QA file"]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": \n')
+    proc = cli(*common_args(tiny), "--datasets", f"bad={bad}", "--out", tmp_path / "out")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {bad}:2: not valid JSON")
+
+    bad.write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": "q"}\n')
+    proc = cli(*common_args(tiny), "--datasets", f"bad={bad}", "--out", tmp_path / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {bad}:2: missing field 'golden_answers'"]
+
+
+def test_a_corrupt_record_line_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "nq.jsonl"
+    path.write_text('{"id": "a", "metrics": {}}\nnot json\n{"id": "c", "metrics": {}}\n')
+    with pytest.raises(ev.EvalError, match=f"{path}:2: not a valid record"):
+        ev.read_records(str(path))
+    path.write_text('{"id": "a", "metrics": {}}\n{"id": "b", "met')  # only a partial last line is dropped
+    assert [r["id"] for r in ev.read_records(str(path))] == ["a"]
+    assert path.read_text() == '{"id": "a", "metrics": {}}\n'
+
+
+# ------------------------------------------------------------------------------------------- library
+
+
+def test_retrieval_similarity_hand_case(minilm):
+    class Table:  # hand vectors per text
+        vectors = {"g1\ng2": [3.0, 4.0], "r1": [4.0, 3.0], "same": [1.0, 0.0]}
+
+        def encode_passages(self, texts):
+            return np.array([self.vectors[t] for t in texts])
+
+    rs = RetrievalSimilarity(Table())
+    assert rs([["g1", "g2"], ["same"], [], ["g1"]], [["r1"], ["same"], ["r1"], []]) == [
+        pytest.approx(24 / 25),
+        pytest.approx(1.0),
+        None,
+        None,
+    ]
+    gold = ["Padan Truteim was born in Draifaitheth.", "Feirum Night was directed by Padan Truteim."]
+    retrieved = ["The birthplace of Padan Truteim is Draifaitheth.", "Draifaitheth lies in Zapousland."]
+    a, b = minilm.encode_passages(["\n".join(gold), "\n".join(retrieved)]).astype(np.float64)
+    (score,) = RetrievalSimilarity(minilm)([gold], [retrieved])
+    assert score == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), abs=1e-6)
+
+
+def test_summarize_hand_case():
+    def record(em, rs, fab, entropy, seg, mask, prediction="x"):
+        metrics = dict(em=em, f1=em, sub_em=em, recall=1.0, rs=rs, fabrication=fab)
+        return dict(metrics=metrics, prediction=prediction, turns=2, searches=1, truncated=False,
+                    entropy=entropy, segment_ids=seg, loss_mask=mask)  # fmt: skip
+
+    think, answer = segments.SEGMENT_IDS["think"], segments.SEGMENT_IDS["answer"]
+    records = [
+        record(1.0, 0.5, 1.0, [9.0, 1.0, 2.0], [0, think, answer], [0, 1, 1]),
+        record(0.0, None, 0.0, [1.0, 3.0, 5.0], [think, think, answer], [1, 1, 0], prediction=None),
+        record(0.0, 0.25, None, [4.0], [think], [1]),
+    ]
+    s = ev.summarize(records)
+    assert s["n"] == 3 and s["em"] == pytest.approx(1 / 3) and s["finish_ratio"] == pytest.approx(2 / 3)
+    assert s["rs"] == pytest.approx(0.375) and s["rs_n"] == 2
+    assert s["fabrication_rate"] == pytest.approx(0.5) and s["fabrication_n"] == 2
+    assert s["entropy"] == pytest.approx((1 + 2 + 1 + 3 + 4) / 5)
+    assert s["entropy/think"] == pytest.approx((1 + 1 + 3 + 4) / 4)
+    assert s["entropy/answer"] == pytest.approx(2.0)
+    avg = ev.average({"a": s, "b": dict(s, em=0.0, rs=None)})
+    assert avg["n"] == 6 and avg["em"] == pytest.approx(1 / 6) and avg["rs"] == pytest.approx(0.375)
+
+
+def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
+    """evaluate() with a scripted judge: fabrication per example and rate; a rerun makes no retriever call."""
+    launch = load_launch_module()
+    args = launch.parse_args(
+        [str(a) for a in common_args(tiny)]
+        + ["--datasets", f"tiny={tiny['dir'] / 'test.jsonl'}", "--out", "x"]
+    )
+    from jaxsearch.rl import trainer
+
+    cfg = launch.make_config(args)
+    mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
+    setup = trainer.make_setup(cfg, mesh, tiny["config"])
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def search(self, queries, k):
+            self.calls += 1
+            return self.inner.search(queries, k)
+
+    class Judge:  # grounded unless the question asks about a birthplace; unparseable for "spouse"
+        def judge(self, prompts):
+            verdicts = []
+            for p in prompts:
+                question = p.split("Question: ")[-1].split("\n")[0]
+                if "spouse" in question:
+                    verdicts.append("no idea")
+                else:
+                    verdicts.append('{"grounded": %s}' % ("false" if "birthplace" in question else "true"))
+            return verdicts
+
+    counting = Counting(setup.retriever)
+    setup = dataclasses.replace(setup, retriever=counting, initial_retriever=counting, judge=Judge())
+    examples = qa.load_examples(tiny["dir"] / "test.jsonl")[:6]
+    summary = ev.evaluate(
+        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False
+    )
+    assert counting.calls > 0
+    expected = [None if "spouse" in e.question else float("birthplace" in e.question) for e in examples]
+    records = read_jsonl(tmp_path / "tiny.jsonl")
+    assert [r["metrics"]["fabrication"] for r in records] == expected
+    scored = [x for x in expected if x is not None]
+    assert summary["datasets"]["tiny"]["fabrication_rate"] == pytest.approx(np.mean(scored))
+    assert all(r["metrics"]["rs"] is None for r in records)  # no encoder given
+    before = (tmp_path / "tiny.jsonl").read_bytes()
+    counting.calls = 0
+    again = ev.evaluate(
+        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False
+    )
+    assert counting.calls == 0 and again == summary
+    # a crash mid-write: the last line lost its end; the rerun redoes that example only
+    lines = before.split(b"\n")[:-1]
+    (tmp_path / "tiny.jsonl").write_bytes(b"\n".join(lines[:-1]) + b"\n" + lines[-1][:100])
+    ev.evaluate(setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False)
+    assert counting.calls > 0
+    after = (tmp_path / "tiny.jsonl").read_bytes().split(b"\n")[:-1]
+    assert after[:-1] == lines[:-1]
+    redone, original = json.loads(after[-1]), json.loads(lines[-1])
+    for key in ("id", "prediction", "tokens", "loss_mask", "doc_ids", "metrics"):  # greedy: the same episode
+        assert redone[key] == original[key]
