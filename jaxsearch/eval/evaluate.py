@@ -22,8 +22,8 @@ Metrics per example (`record["metrics"]`):
     recall          FlashRAG's retrieval recall@k: 1 if a golden answer occurs in a passage the episode
                     retrieved: any search's top-k, and EKA's P0 unless include_initial=False
     rs              R-S (`retrieval_similarity`): the gold passages (`supporting_ids` looked up in
-                    `gold_corpus`) against all retrieved passages (P0 as for recall); None without supporting
-                    ids, without retrieved passages, or without gold_corpus / rs_encoder
+                    `gold_corpus`) against every distinct retrieved passage (P0 as for recall); None without
+                    supporting ids, without retrieved passages, or without gold_corpus / rs_encoder
     fabrication     SOAR's judge (`setup.judge`): 1 fabricated, 0 grounded; None unparseable or no judge
 
 Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, rs and
@@ -234,9 +234,9 @@ def evaluate(
 ) -> dict:
     """Run the missing examples of every dataset, append their records, write the summary; return it.
 
-    Example j of a dataset is rolled out in a batch with seed `seed + i`, i the index of the batch's first
-    example (greedy decoding does not depend on it). gold_corpus: a `Corpus` with the supporting passages
-    (R-S); rs_encoder: the R-S sentence encoder (None: no R-S).
+    A batch is rolled out with seed `seed + i`, i the dataset index of its first example (greedy decoding
+    does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S); rs_encoder: the
+    R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S.
     """
     os.makedirs(out_dir, exist_ok=True)
     if gold_corpus is not None:
