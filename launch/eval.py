@@ -157,31 +157,34 @@ def make_config(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from jaxsearch.data import qa
-    from jaxsearch.eval import evaluate as ev
-    from jaxsearch.retrieval.corpus import CorpusError
-
     progress = not args.no_progress
-    try:
+    try:  # every input error below is a ValueError (QADataError, EvalError, CorpusError) or a missing file
         checkpoint_kind(args.checkpoint)
-        datasets = {}
-        for name, path in args.datasets.items():
-            datasets[name] = qa.load_examples(path)[: args.limit or None]
-            ids = [ex.id for ex in datasets[name]]
-            if len(set(ids)) != len(ids):
-                raise ev.EvalError(f"{path}: duplicate example ids (records are keyed by id)")
+        datasets = load_datasets(args.datasets, args.limit)  # before the heavy imports: bad input fails fast
+        from jaxsearch.eval import evaluate as ev
+
         ev.claim_out_dir(args.out, settings(args), args.datasets)
         todo = sum(map(len, ev.pending(args.out, datasets).values()))
-        if todo:
-            summary = run(args, datasets, progress)
-        else:
-            summary = ev.write_summary(args.out, datasets)
-    except (qa.QADataError, ev.EvalError, CorpusError, FileNotFoundError, ValueError) as e:
+        summary = run(args, datasets, progress) if todo else ev.write_summary(args.out, datasets)
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(ev.markdown_table(summary), end="")
     print(f"evaluated {todo} new examples; results in {args.out} (results.md, summary.json, <dataset>.jsonl)")
     return 0
+
+
+def load_datasets(paths: dict[str, str], limit: int) -> dict:
+    """name -> the first `limit` (0: all) examples of its QA file; ids must be unique (records are keyed by id)."""
+    from jaxsearch.data import qa
+
+    datasets = {}
+    for name, path in paths.items():
+        datasets[name] = qa.load_examples(path)[: limit or None]
+        ids = [ex.id for ex in datasets[name]]
+        if len(set(ids)) != len(ids):
+            raise qa.QADataError(f"{path}: duplicate example ids")
+    return datasets
 
 
 def run(args, datasets, progress: bool) -> dict:
