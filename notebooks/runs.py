@@ -6,15 +6,17 @@ A run directory is what `python launch/train.py --workdir RUN` writes:
     RUN/sft/metrics.jsonl    the warm start ({"step": 1, "sft/loss": ...})
 
 and, optionally, per-example evaluation files (`<out>/<dataset>.jsonl`, one object per question with
-`question` and `prediction` or `response`) anywhere under RUN.
+`question` and `prediction` or `response`, e.g. `python launch/eval.py ... --out RUN/eval`) anywhere under RUN.
 
-No jax here: the notebooks only read files.
+No jax here (jaxsearch.rollout.segments is numpy only): the notebooks only read files.
 """
 
 import glob
 import json
 import os
 import warnings
+
+from jaxsearch.rollout.segments import SEGMENT_IDS
 
 STAGES = ("grpo", "sft")
 
@@ -141,16 +143,39 @@ def read_examples(path: str, n: int) -> list[dict]:
     return out
 
 
+def segment_entropy(row: dict) -> dict[str, float]:
+    """Mean entropy of the policy's own tokens (loss mask 1) per segment name, from a record's token row
+    (`segment_ids`, `entropy`, `loss_mask`); {} if the record has no token row."""
+    if not all(k in row for k in ("segment_ids", "entropy", "loss_mask")):
+        return {}
+    names = {sid: name for name, sid in SEGMENT_IDS.items()}
+    values = {}
+    for sid, entropy, mask in zip(row["segment_ids"], row["entropy"], row["loss_mask"]):
+        if mask:
+            values.setdefault(names.get(sid, str(sid)), []).append(entropy)
+    return {name: sum(v) / len(v) for name, v in values.items()}
+
+
 def format_example(row: dict, max_chars: int = 1500) -> str:
-    """A readable block: question, golden answers, prediction, scores, then the response text."""
+    """A readable block: question, golden answers, prediction, scores, entropy by segment, the response text.
+
+    Takes launch/eval.py's records (scores under "metrics", turns / searches beside them) and flat rows.
+    """
     lines = [f"Q: {row.get('question')}"]
     golden = row.get("golden_answers", row.get("answers", row.get("golden_answer")))
     if golden is not None:
         lines.append(f"gold: {golden}")
     lines.append(f"prediction: {row.get('prediction')}")
-    scores = {k: row[k] for k in ("em", "f1", "turns", "searches") if k in row}
+    scores = dict(row.get("metrics") or {})
+    scores.update({k: row[k] for k in ("em", "f1", "turns", "searches", "truncated") if k in row})
+    scores = {k: v for k, v in scores.items() if v is not None}
     if scores:
-        lines.append("  ".join(f"{k}={v}" for k, v in scores.items()))
+        lines.append(
+            "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in scores.items())
+        )
+    entropy = segment_entropy(row)
+    if entropy:
+        lines.append("entropy: " + "  ".join(f"{k}={v:.4g}" for k, v in entropy.items()))
     response = row.get("response")
     if response:
         text = str(response)

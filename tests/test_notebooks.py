@@ -24,6 +24,7 @@ TRAIN_FLAGS = [
     "--progress=false",
     "--config.total_steps=3",
     "--config.sft.steps=10",
+    "--config.sft.batch_size=4",  # the warm start's compute: ~5 s less per run on 2 cores
     "--config.data.batch_size=4",
     "--config.data.group_size=2",
     "--config.data.eval_examples=4",
@@ -38,24 +39,41 @@ PNGS = (
     "reward_em.png",
     "sft_loss.png",
 )
-# per-example evaluation rows in launch/eval.py's format (<out>/<dataset>.jsonl), for the trajectory browser
+# per-example records in launch/eval.py's format (jaxsearch/eval/evaluate.py: <out>/<dataset>.jsonl), for the
+# trajectory browser; the first has a token row whose per-segment entropy is worked out by hand below
 EXAMPLES = [
     {
+        "id": "dev_0",
         "question": "Who founded the city where Vorlan Keth was born?",
         "golden_answers": ["Ilsa Marrow"],
         "prediction": "Ilsa Marrow",
+        "metrics": {"em": 1.0, "f1": 1.0, "sub_em": 1.0, "recall": 1.0, "rs": None, "fabrication": None},
+        "turns": 2,
+        "searches": 1,
+        "truncated": False,
         "response": "<think>Need the birthplace first.</think><search>Vorlan Keth born</search>"
         "<information>Doc 1: Vorlan Keth was born in Ostrel.</information><answer>Ilsa Marrow</answer>",
-        "em": 1.0,
+        "prompt_length": 2,
+        "tokens": [5, 6, 7, 8, 9, 10, 11, 12],
+        # other other think think search information information answer
+        "segment_ids": [0, 0, 1, 1, 2, 6, 6, 3],
+        "loss_mask": [0, 0, 1, 1, 1, 0, 0, 1],
+        "entropy": [9.0, 9.0, 0.5, 1.5, 2.0, 7.0, 7.0, 0.25],
     },
     {
+        "id": "dev_1",
         "question": "What river flows through Ostrel?",
         "golden_answers": ["the Dune"],
         "prediction": "the Kavel",
+        "metrics": {"em": 0.0, "f1": 0.5, "sub_em": 0.0, "recall": 0.0, "rs": None, "fabrication": None},
+        "turns": 1,
+        "searches": 0,
+        "truncated": False,
         "response": "<think>Search it.</think><answer>the Kavel</answer>",
-        "em": 0.0,
     },
 ]
+# the policy's tokens only (loss mask 1): think (0.5 + 1.5) / 2, search 2.0, answer 0.25
+EXAMPLE_ENTROPY = "entropy: think=1  search=2  answer=0.25"
 
 
 def _json_rows(path):
@@ -192,6 +210,8 @@ def test_notebook_plots_the_logged_values(two_runs, tmp_path, monkeypatch):
     browser = text[text.index("=== baseline") :]
     assert EXAMPLES[0]["question"] in browser and "prediction: the Kavel" in browser
     assert "<search>Vorlan Keth born</search>" in browser
+    assert "em=1  f1=1  sub_em=1  recall=1  turns=2  searches=1  truncated=False" in browser
+    assert EXAMPLE_ENTROPY in browser
     eka_part = browser[browser.index("=== eka") :]
     assert "none found" in eka_part  # its world/*.jsonl splits are questions, not evaluated examples
 
