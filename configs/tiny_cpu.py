@@ -42,7 +42,7 @@ def get_config():
             temperature=1.0,
         )
     )
-    c.sft.update(dict(steps=300, lr=3e-3, batch_size=16, warmup=20, max_len=448))
+    c.sft.update(dict(steps=600, lr=5e-3, batch_size=8, warmup=10, max_len=256, truncate=True))
     c.algo.update(dict(kl_coef=0.001, mini_batches=1, micro_batches=1))
     c.optim.update(dict(lr=1e-4, warmup_ratio=0.0))
     c.reward.terms = (("em", 1.0),)

@@ -58,7 +58,14 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     tokenizer = trainer.load_tokenizer(cfg)
     retriever = trainer.build_retriever(cfg.retriever)
     examples = sft_data.sft_dataset(
-        world, "train", cfg.protocol.name, tokenizer, retriever, cfg.rollout.retrieval_k, cfg.sft.max_len
+        world,
+        "train",
+        cfg.protocol.name,
+        tokenizer,
+        retriever,
+        cfg.rollout.retrieval_k,
+        cfg.sft.max_len,
+        truncate=cfg.sft.truncate,
     )
     batches = sft_data.sft_batches(examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id)
     config = trainer.model_config(cfg)
