@@ -473,7 +473,8 @@ def token_logprobs(
         probs = jnp.exp(logits - lse[..., None])
         return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
 
-    logp, ent = jax.lax.map(jax.checkpoint(one_chunk), (hidden, tgt))
+    # with several chunks, recompute each chunk's logits in the backward pass instead of keeping them all
+    logp, ent = jax.lax.map(jax.checkpoint(one_chunk) if n > 1 else one_chunk, (hidden, tgt))
     logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
     return (logp, ent) if return_entropy else logp
