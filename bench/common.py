@@ -1,13 +1,26 @@
 """Shared pieces of the benchmarks: the anchor model sizes and timing."""
+
 import statistics
 import time
 
 # The sizes of ../shared/anchors (same shapes, so the figures can be read side by side).
 SIZES = {
-    "S": dict(vocab_size=8192, hidden_size=128, num_hidden_layers=4, intermediate_size=512,
-              num_attention_heads=4, num_key_value_heads=2),
-    "M": dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, intermediate_size=1408,
-              num_attention_heads=8, num_key_value_heads=2),
+    "S": dict(
+        vocab_size=8192,
+        hidden_size=128,
+        num_hidden_layers=4,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "M": dict(
+        vocab_size=32000,
+        hidden_size=512,
+        num_hidden_layers=8,
+        intermediate_size=1408,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    ),
 }
 
 

@@ -9,6 +9,7 @@ Baselines: BM25 vs rank-bm25 (scores every passage per query term, pure Python/n
 vs numpy (one [queries, N] matmul + argpartition). Dense vectors are random unit rows standing in for
 encoder outputs (search cost does not depend on the values); the encoder is timed separately.
 """
+
 import argparse
 import json
 import os
@@ -38,7 +39,7 @@ def make_corpus(path: str, n: int, seed: int = 0) -> list[list[str]]:
     passages, at = [], 0
     with open(path, "w") as f:
         for i, length in enumerate(lengths):
-            toks = [vocab[w] for w in words[at:at + length]]
+            toks = [vocab[w] for w in words[at : at + length]]
             at += length
             passages.append(toks)
             f.write(json.dumps({"id": str(i), "contents": f'"{toks[0]} {toks[1]}"\n{" ".join(toks)}'}) + "\n")
@@ -88,15 +89,28 @@ def bench_bm25(corpus_path, passages, queries, index_dir, rows):
     tokens = sum(len(tokenize(" ".join(p), stop)) for p in passages)
     disk = sum(os.path.getsize(os.path.join(index_dir, f)) for f in os.listdir(index_dir))
     rows.append(("Corpus scan (offsets, validation)", f"{len(corpus) / scan_s:,.0f} passages/s", ""))
-    rows.append(("BM25 build (bm25s)", f"{build_s:.1f} s, peak RSS +{rss_build:,.0f} MB "
-                 f"({rss_build * 2**20 / tokens:.0f} bytes/token), index on disk {disk / 2**20:,.0f} MB", ""))
-    rows.append(("BM25 search, batch %d, k=10" % len(queries), f"{len(queries) / search_s:,.0f} queries/s", ""))
+    rows.append(
+        (
+            "BM25 build (bm25s)",
+            f"{build_s:.1f} s, peak RSS +{rss_build:,.0f} MB "
+            f"({rss_build * 2**20 / tokens:.0f} bytes/token), index on disk {disk / 2**20:,.0f} MB",
+            "",
+        )
+    )
+    rows.append(
+        ("BM25 search, batch %d, k=10" % len(queries), f"{len(queries) / search_s:,.0f} queries/s", "")
+    )
 
     okapi = BM25Okapi([tokenize(" ".join(p), stop) for p in passages])
     sample = queries[:32]
     base_s = timed(lambda: [np.argpartition(-okapi.get_scores(tokenize(q, stop)), 10)[:10] for q in sample])
-    rows.append(("  baseline: rank-bm25 brute force", f"{len(sample) / base_s:,.0f} queries/s",
-                 f"{(len(queries) / search_s) / (len(sample) / base_s):.0f}x"))
+    rows.append(
+        (
+            "  baseline: rank-bm25 brute force",
+            f"{len(sample) / base_s:,.0f} queries/s",
+            f"{(len(queries) / search_s) / (len(sample) / base_s):.0f}x",
+        )
+    )
     corpus.close()
 
 
@@ -129,10 +143,20 @@ def bench_flat(n, batch) -> list[tuple[str, str, str]]:
 
         base_s = timed(numpy_topk, repeat=3)
         assert (numpy_topk() == rows_faiss).mean() > 0.99  # same answers
-        rows.append((f"FAISS Flat search (retriever: BLAS), d={dim}, batch {batch}, k=10",
-                     f"{batch / search_s:,.0f} queries/s", f"{base_s / search_s:.1f}x"))
-        rows.append((f"  FAISS default dispatch (SIMD below queries*dim={faiss_default})",
-                     f"{batch / default_s:,.0f} queries/s", f"{base_s / default_s:.1f}x"))
+        rows.append(
+            (
+                f"FAISS Flat search (retriever: BLAS), d={dim}, batch {batch}, k=10",
+                f"{batch / search_s:,.0f} queries/s",
+                f"{base_s / search_s:.1f}x",
+            )
+        )
+        rows.append(
+            (
+                f"  FAISS default dispatch (SIMD below queries*dim={faiss_default})",
+                f"{batch / default_s:,.0f} queries/s",
+                f"{base_s / default_s:.1f}x",
+            )
+        )
         rows.append(("  baseline: numpy matmul + argpartition", f"{batch / base_s:,.0f} queries/s", ""))
         del index, base
     return rows
@@ -143,8 +167,13 @@ def flat_rows_in_child(n, batch, wait_policy) -> list[tuple[str, str, str]]:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if wait_policy:
         env["OMP_WAIT_POLICY"] = wait_policy
-    out = subprocess.run([sys.executable, __file__, "--flat-only", "--passages", str(n), "--batch", str(batch)],
-                         env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--flat-only", "--passages", str(n), "--batch", str(batch)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     label = f"OMP_WAIT_POLICY={wait_policy}" if wait_policy else "OMP_WAIT_POLICY unset"
     return [(f"[{label}] {what}", result, ratio) for what, result, ratio in json.loads(out)]
 
@@ -170,9 +199,22 @@ def bench_server(corpus_path, index_dir, queries, clients_list, per_client, rows
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "launch", "serve_retriever.py"), "--corpus",
-                             corpus_path, "--retriever", "bm25", "--index", index_dir, "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "serve_retriever.py"),
+            "--corpus",
+            corpus_path,
+            "--retriever",
+            "bm25",
+            "--index",
+            index_dir,
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while True:
             try:
@@ -189,7 +231,9 @@ def bench_server(corpus_path, index_dir, queries, clients_list, per_client, rows
                     for j in range(per_client):
                         q = queries[(i * per_client + j) % len(queries)]
                         start = time.perf_counter()
-                        http.post(url + "/retrieve", json={"queries": [q], "topk": 3, "return_scores": True}).raise_for_status()
+                        http.post(
+                            url + "/retrieve", json={"queries": [q], "topk": 3, "return_scores": True}
+                        ).raise_for_status()
                         lat.append(time.perf_counter() - start)
                 return lat
 
@@ -199,9 +243,14 @@ def bench_server(corpus_path, index_dir, queries, clients_list, per_client, rows
             wall = time.perf_counter() - start
             after = httpx.get(url + "/health").json()
             avg_batch = (after["queries"] - before["queries"]) / max(1, after["batches"] - before["batches"])
-            rows.append((f"Server BM25, {clients} clients x 1 query, k=3",
-                         f"p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, "
-                         f"{len(lat) / wall:,.0f} queries/s", f"avg batch {avg_batch:.1f}"))
+            rows.append(
+                (
+                    f"Server BM25, {clients} clients x 1 query, k=3",
+                    f"p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, "
+                    f"{len(lat) / wall:,.0f} queries/s",
+                    f"avg batch {avg_batch:.1f}",
+                )
+            )
     finally:
         proc.terminate()
         proc.wait()
@@ -233,10 +282,18 @@ def main() -> None:
         for policy in ("", "PASSIVE"):
             rows += flat_rows_in_child(args.passages, args.batch, policy)
         bench_encoder(args.batch, rows)
-        bench_server(corpus_path, index_dir, queries, [int(c) for c in args.clients.split(",")],
-                     args.requests_per_client, rows)
+        bench_server(
+            corpus_path,
+            index_dir,
+            queries,
+            [int(c) for c in args.clients.split(",")],
+            args.requests_per_client,
+            rows,
+        )
 
-    print(f"{args.passages:,} passages; {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores\n")
+    print(
+        f"{args.passages:,} passages; {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores\n"
+    )
     print("| what | result | vs baseline |\n|---|---|---|")
     for what, result, ratio in rows:
         print(f"| {what} | {result} | {ratio} |")

@@ -11,6 +11,7 @@ collapse whitespace) and takes the max over the golden answers, which may be one
 An empty normalized golden answer (e.g. "." or "the") never counts as contained in anything: it would
 otherwise match every string. Exact match keeps FlashRAG's plain equality.
 """
+
 from __future__ import annotations
 
 import collections
