@@ -21,12 +21,10 @@ import collections
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Iterable, Sequence
 
-import numpy as np
 
-from jaxsearch.models.tokenizer import pad_batch, render_chatml
+from jaxsearch.models.tokenizer import ChatBatchingMixin
 
 CONTROL_TOKENS = ("<pad>", "<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TAGS = (
@@ -54,7 +52,7 @@ _WORD = re.compile(r"[A-Za-z]+|[0-9]+")
 _PIECE = re.compile(r" ?(?:<\|[a-z_]+\|>|</?[a-z_]+>|[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9])|\s")
 
 
-class WordTokenizer:
+class WordTokenizer(ChatBatchingMixin):
     """Word-level tokenizer; build it with `WordTokenizer.build(texts)`, persist with `save` / `load`."""
 
     def __init__(self, tokens: Sequence[str]):
@@ -69,6 +67,7 @@ class WordTokenizer:
         self._control_ids = frozenset(self._ids[t] for t in CONTROL_TOKENS)
         self.vocab_size: int = len(self._tokens)
         self.pad_id: int = self._ids["<pad>"]
+        self.default_system_prompt = DEFAULT_SYSTEM_PROMPT
         self.unk_id: int = self._ids["<unk>"]
         self.eos_id: int = self._ids["<|im_end|>"]
 
@@ -121,23 +120,6 @@ class WordTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The UTF-8 bytes of one token's text; `decode(ids)` is the decoding of their concatenation."""
         return self.id_to_token(token_id).encode("utf-8")
-
-    def batch_encode(
-        self,
-        texts: Sequence[str],
-        padding_side: Literal["left", "right"] = "left",
-        max_length: int | None = None,
-        allow_special: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Encodes and pads texts into (ids, mask), int32 [B, T]; see `pad_batch`."""
-        seqs = [self.encode(text, allow_special=allow_special) for text in texts]
-        return pad_batch(seqs, self.pad_id, padding_side, max_length)
-
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
-    ) -> str:
-        """ChatML, as Qwen2.5's template renders it, with `DEFAULT_SYSTEM_PROMPT` when none is given."""
-        return render_chatml(messages, add_generation_prompt, DEFAULT_SYSTEM_PROMPT)
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w", encoding="utf-8") as f:

@@ -142,7 +142,32 @@ def render_chatml(
     return "".join(parts)
 
 
-class QwenTokenizer:
+class ChatBatchingMixin:
+    """`batch_encode` and `apply_chat_template` for a tokenizer with `encode`, `pad_id` and
+    `default_system_prompt` (shared by the Qwen and word-level tokenizers)."""
+
+    default_system_prompt: str
+    pad_id: int
+
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        padding_side: Literal["left", "right"] = "left",
+        max_length: int | None = None,
+        allow_special: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Encodes and pads texts into (ids, mask), int32 [B, T]; see `pad_batch`."""
+        seqs = [self.encode(text, allow_special=allow_special) for text in texts]
+        return pad_batch(seqs, self.pad_id, padding_side, max_length)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """ChatML as Qwen2.5-Instruct's chat template renders it without tools; see `render_chatml`."""
+        return render_chatml(messages, add_generation_prompt, self.default_system_prompt)
+
+
+class QwenTokenizer(ChatBatchingMixin):
     """Qwen2.5's tokenizer, ids identical to Hugging Face's for the Qwen2.5 models.
 
     eos is `<|im_end|>` (the Instruct models' end of turn); pad is `<|endoftext|>`.
@@ -153,6 +178,7 @@ class QwenTokenizer:
         self.vocab_size: int = self._enc.n_vocab
         self.eos_id: int = self.token_to_id("<|im_end|>")
         self.pad_id: int = self.token_to_id("<|endoftext|>")
+        self.default_system_prompt = DEFAULT_SYSTEM_PROMPT
 
     def encode(self, text: str, allow_special: bool = False) -> list[int]:
         """Text -> ids, after NFC normalisation (as Qwen2's tokenizer.json does).
@@ -187,23 +213,6 @@ class QwenTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (its text for a special token); may be part of a UTF-8 character."""
         return self._enc.decode_single_token_bytes(self._check_id(token_id))
-
-    def batch_encode(
-        self,
-        texts: Sequence[str],
-        padding_side: Literal["left", "right"] = "left",
-        max_length: int | None = None,
-        allow_special: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Encodes and pads texts into (ids, mask), int32 [B, T]; see `pad_batch`."""
-        seqs = [self.encode(text, allow_special=allow_special) for text in texts]
-        return pad_batch(seqs, self.pad_id, padding_side, max_length)
-
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
-    ) -> str:
-        """Renders messages as Qwen2.5-Instruct's chat template does without tools; see `render_chatml`."""
-        return render_chatml(messages, add_generation_prompt, DEFAULT_SYSTEM_PROMPT)
 
     def _check_id(self, token_id: int) -> int:
         token_id = int(token_id)
