@@ -32,13 +32,14 @@ def main(argv):
     trainer.init_distributed(cfg)
     name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
     workdir = flags.FLAGS.workdir or os.path.join("runs", name)
-    last = pipeline.run(cfg, workdir, progress=flags.FLAGS.progress)
+    pipeline.run(cfg, workdir, progress=flags.FLAGS.progress)
+    metrics = os.path.join(workdir, "grpo", "metrics.jsonl")
     print(f"done: {workdir}")
+    print(pipeline.eval_summary(metrics))
     print(
-        "last step: "
-        + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items()) if "/" not in k or "eval" in k)
+        f"metrics: {metrics} (TensorBoard: {os.path.join(workdir, 'grpo', 'tb')}); "
+        f"plots: notebooks/entropy_curves.ipynb with JAXSEARCH_RUNS='{{\"run\": \"{workdir}\"}}'"
     )
-    print(f"metrics: {os.path.join(workdir, 'grpo', 'metrics.jsonl')}")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,19 @@ def test_ppo_with_critic_runs_and_logs_critic_metrics(tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(workdir, "grpo", "metrics.jsonl"))]
     last = rows[-1]
     assert last["step"] == 2 and np.isfinite(last["critic/vf_loss"]) and np.isfinite(last["pg_loss"])
+
+
+def test_eval_summary_reports_first_and_last_evaluation(tmp_path):
+    from jaxsearch.rl.pipeline import eval_summary
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": 0, "eval/nq/em": 0.25, "eval/nq/f1": 0.5, "eval/nq/turns": 2.0},
+        {"step": 1, "reward": 1.0},
+        {"step": 4, "eval/nq/em": 0.5, "eval/nq/f1": 0.75},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert eval_summary(str(path)).splitlines() == [
+        "eval/nq/em: 0.250 at step 0 -> 0.500 at step 4",
+        "eval/nq/f1: 0.500 at step 0 -> 0.750 at step 4",
+    ]

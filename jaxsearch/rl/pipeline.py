@@ -91,3 +91,20 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
         cfg.model.orbax_path = params_dir
         cfg.lock()
     return trainer.train(cfg, os.path.join(workdir, "grpo"), progress=progress)
+
+
+def eval_summary(metrics_path: str) -> str:
+    """Held-out metrics at the RL stage's first and last evaluation, one line per dataset."""
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    if not evals:
+        return "no evaluation logged"
+    first, last = evals[0], evals[-1]
+    lines = []
+    for key in sorted(k for k in last if k.startswith("eval/") and k.rsplit("/", 1)[1] in ("em", "f1")):
+        lines.append(
+            f"{key}: {first.get(key, float('nan')):.3f} at step {first['step']} -> "
+            f"{last[key]:.3f} at step {last['step']}"
+        )
+    return "\n".join(lines)
