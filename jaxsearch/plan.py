@@ -1,0 +1,325 @@
+"""Memory plan of a config on a mesh without allocating weights: abstract state, AOT-compiled train and
+decode steps, and XLA's per-device memory analysis against a target accelerator.
+
+The caller must have created enough devices (e.g. XLA_FLAGS=--xla_force_host_platform_device_count=N
+before jax is imported); `launch/plan.py` does that.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxsearch import parallel
+from jaxsearch.models import qwen2
+from jaxsearch.rl import train_step as ts
+
+GB = 1e9
+# memory per device in bytes (the marketing numbers: H100 80 GB, v5p 95 GB, H200 141 GB)
+TARGETS = {"h100-80gb": 80 * GB, "v5p-95gb": 95 * GB, "h200-141gb": 141 * GB}
+
+
+def target_bytes(target: str) -> float:
+    """A TARGETS name or a number of GB per device ('0.5')."""
+    if target in TARGETS:
+        return TARGETS[target]
+    try:
+        return float(target) * GB
+    except ValueError:
+        raise ValueError(
+            f"--target {target!r}: expected one of {sorted(TARGETS)} or a number of GB"
+        ) from None
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """'data=2,fsdp=4,tensor=2' or 'fsdp=8' -> {'data': 2, 'fsdp': 4, 'tensor': 2}."""
+    shape = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, size = part.partition("=")
+        if name not in parallel.MESH_AXES or not size.isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh {text!r}: expected axis=size pairs over {parallel.MESH_AXES}")
+        shape[name] = int(size)
+    if not shape:
+        raise ValueError("--mesh is empty")
+    return shape
+
+
+def mesh_size(shape: dict[str, int]) -> int:
+    return int(np.prod(list(shape.values())))
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds of a pytree of ShapeDtypeStructs (or arrays) with NamedShardings."""
+    total = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def _with(x, sharding):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def abstract_params(config: qwen2.Qwen2Config, mesh):
+    """Params as ShapeDtypeStructs carrying `parallel.param_shardings` (nothing is allocated)."""
+    shapes = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.PRNGKey(0)))
+    return jax.tree_util.tree_map(_with, shapes, parallel.param_shardings(config, mesh))
+
+
+def abstract_critic(config: qwen2.Qwen2Config, params):
+    """The critic of `ts.init_critic`: a trunk like the policy and a replicated fp32 value head."""
+    mesh = jax.tree_util.tree_leaves(params)[0].sharding.mesh
+    rep = NamedSharding(mesh, P())
+    head = {
+        "kernel": jax.ShapeDtypeStruct((config.hidden_size,), jnp.float32, sharding=rep),
+        "bias": jax.ShapeDtypeStruct((), jnp.float32, sharding=rep),
+    }
+    return {"trunk": params, "value_head": head}
+
+
+def abstract_state(params, optimizer) -> ts.TrainState:
+    """TrainState of `params` with `optimizer`'s state: subtrees shaped like the params (adam's mu / nu)
+    take the params' shardings, everything else (counts) is replicated."""
+    mesh = jax.tree_util.tree_leaves(params)[0].sharding.mesh
+    rep = NamedSharding(mesh, P())
+    treedef = jax.tree_util.tree_structure(params)
+    shardings = jax.tree_util.tree_map(lambda x: x.sharding, params)
+    opt = jax.eval_shape(optimizer.init, params)
+
+    def place(node):
+        if jax.tree_util.tree_structure(node) == treedef:
+            return jax.tree_util.tree_map(_with, node, shardings)
+        return _with(node, rep)
+
+    opt = jax.tree_util.tree_map(place, opt, is_leaf=lambda n: jax.tree_util.tree_structure(n) == treedef)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+    return ts.TrainState(params, opt, scalar, scalar)
+
+
+def abstract_batch(mesh, rows: int, width: int, ppo: bool, critic: bool = False) -> dict:
+    """One mini-batch as the trainer builds it: [rows, width] arrays sharded over the data axes."""
+    two = lambda dtype: jax.ShapeDtypeStruct((rows, width), dtype, sharding=parallel.batch_sharding(mesh, 2))
+    batch = dict(
+        tokens=two(jnp.int32),
+        attention_mask=two(jnp.int32),
+        loss_mask=two(jnp.int32),
+        advantages=two(jnp.float32)
+        if ppo
+        else jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=parallel.batch_sharding(mesh, 1)),
+        old_logprobs=two(jnp.float32),
+        ref_logprobs=two(jnp.float32),
+    )
+    if critic:
+        batch.update(old_values=two(jnp.float32), returns=two(jnp.float32))
+    return batch
+
+
+def memory(compiled) -> dict:
+    """XLA's per-device memory analysis of a compiled executable, in bytes."""
+    m = compiled.memory_analysis()
+    out = dict(
+        argument=int(m.argument_size_in_bytes),
+        output=int(m.output_size_in_bytes),
+        temp=int(m.temp_size_in_bytes),
+        alias=int(m.alias_size_in_bytes),
+        generated_code=int(getattr(m, "generated_code_size_in_bytes", 0)),
+    )
+    # donated outputs reuse their argument buffers
+    out["total"] = out["argument"] + out["temp"] + out["output"] - out["alias"]
+    return out
+
+
+def compile_fn(fn, args, in_shardings, out_shardings, donate_argnums) -> tuple[dict, float]:
+    """AOT-compile `fn` on abstract `args`; (memory analysis, compile seconds)."""
+    start = time.perf_counter()
+    jitted = jax.jit(
+        fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
+    )
+    compiled = jitted.lower(*args).compile()
+    return memory(compiled), time.perf_counter() - start
+
+
+def _shardings(tree):
+    return jax.tree_util.tree_map(lambda x: x.sharding, tree)
+
+
+def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
+    s_shard = _shardings(state)
+    fn = functools.partial(ts.train_step, loss_fn, agg_mode, micro_batches, optimizer)
+    return compile_fn(fn, (state, batch), (s_shard, _shardings(batch)), (s_shard, None), (0,))
+
+
+def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) -> dict:
+    """The decode KV cache, batch over the data axes and kv heads over `tensor` where it divides."""
+    shapes = jax.eval_shape(functools.partial(qwen2.init_cache, config, batch, cache_len))
+    kv = NamedSharding(
+        mesh,
+        parallel.logical_to_spec(("batch", "length", "kv_heads", "head_dim"), shapes["k"][0].shape, mesh),
+    )
+    lengths = NamedSharding(mesh, parallel.logical_to_spec(("batch",), (batch,), mesh))
+    return {
+        "k": tuple(_with(x, kv) for x in shapes["k"]),
+        "v": tuple(_with(x, kv) for x in shapes["v"]),
+        "lengths": _with(shapes["lengths"], lengths),
+    }
+
+
+def plan_decode_step(config: qwen2.Qwen2Config, params, cache) -> tuple[dict, float]:
+    """One `qwen2.decode_step` over the whole cache (the cache donated, as the sampler does)."""
+    lengths = cache["lengths"]
+    token = jax.ShapeDtypeStruct(lengths.shape, jnp.int32, sharding=lengths.sharding)
+    fn = lambda p, c, t: qwen2.decode_step(config, p, c, t)
+    c_shard = _shardings(cache)
+    return compile_fn(
+        fn, (params, cache, token), (_shardings(params), c_shard, token.sharding), (None, c_shard), (1,)
+    )
+
+
+def plan(cfg, mesh_shape: dict[str, int], target: str = "h100-80gb", headroom: float = 0.1) -> dict:
+    """The memory plan of config `cfg` on a mesh of `mesh_shape` (bytes per device)."""
+    from jaxsearch.rl import trainer  # local: pulls in the host-side stack
+
+    config = trainer.model_config(cfg)
+    mesh = parallel.make_mesh(mesh_shape, jax.devices()[: mesh_size(mesh_shape)])
+    ppo = cfg.algo.advantage == "gae"
+    rows = cfg.data.batch_size * cfg.data.group_size
+    if rows % cfg.algo.mini_batches:
+        raise ValueError(f"{rows} rows do not split into algo.mini_batches={cfg.algo.mini_batches}")
+    mb, width = rows // cfg.algo.mini_batches, cfg.rollout.cache_len
+
+    params = abstract_params(config, mesh)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+    optimizer = ts.make_optimizer(
+        cfg.optim.lr, cfg.total_steps, 0, cfg.optim.schedule, cfg.optim.weight_decay
+    )
+    state = abstract_state(params, optimizer)
+    loss_cfg = ts.LossConfig(
+        policy_loss=cfg.algo.policy_loss,
+        clip_eps=cfg.algo.clip_eps,
+        agg_mode=cfg.algo.agg_mode,
+        kl_coef=cfg.algo.kl_coef,
+        kl_kind=cfg.algo.kl_kind,
+        entropy_coef=cfg.algo.entropy_coef,
+        micro_batches=cfg.algo.micro_batches,
+    )
+    batch = abstract_batch(mesh, mb, width, ppo)
+    train, train_s = plan_train_step(
+        ts.policy_loss_fn(config, loss_cfg),
+        cfg.algo.agg_mode,
+        cfg.algo.micro_batches,
+        optimizer,
+        state,
+        batch,
+    )
+
+    resident = {"policy_state": device_bytes(state), "policy_params": device_bytes(params)}
+    resident["reference_params"] = device_bytes(params) if (cfg.algo.kl_coef or cfg.algo.kl_in_reward) else 0
+    critic = None
+    if ppo:
+        c_params = abstract_critic(config, params)
+        c_state = abstract_state(c_params, optimizer)
+        c_batch = abstract_batch(mesh, mb, width, ppo, critic=True)
+        c_loss = functools.partial(ts.critic_loss, config, cfg.critic.clip_eps, cfg.algo.agg_mode)
+        c_mem, c_s = plan_train_step(
+            c_loss, cfg.algo.agg_mode, cfg.algo.micro_batches, optimizer, c_state, c_batch
+        )
+        critic = dict(memory=c_mem, compile_s=c_s)
+        resident["critic_state"] = device_bytes(c_state)
+    else:
+        resident["critic_state"] = 0
+
+    roll_rows = cfg.rollout.micro_batch or rows
+    cache = abstract_cache(config, mesh, roll_rows, width)
+    decode, decode_s = plan_decode_step(config, params, cache)
+    kv = device_bytes(cache)
+
+    # phases: the update (policy state in the step, the reference / critic resident beside it) and the
+    # rollout (the whole train state stays resident; the decode step reads the params and the cache)
+    others = resident["reference_params"] + resident["critic_state"]
+    phases = {"train_step": train["total"] + others}
+    if critic:
+        phases["critic_step"] = (
+            critic["memory"]["total"] + resident["policy_state"] + resident["reference_params"]
+        )
+    phases["rollout"] = decode["total"] + others + resident["policy_state"] - resident["policy_params"]
+    peak = max(phases.values())
+    capacity = target_bytes(target)
+    budget = capacity * (1 - headroom)
+    return dict(
+        mesh=dict(mesh.shape),
+        devices=mesh.size,
+        model=dict(
+            num_params=n_params,
+            layers=config.num_hidden_layers,
+            hidden=config.hidden_size,
+            dtype=config.dtype,
+            param_dtype=config.param_dtype,
+            remat=config.remat,
+        ),
+        algo=dict(advantage=cfg.algo.advantage, mini_batch_rows=mb, micro_batches=cfg.algo.micro_batches),
+        seq_len=width,
+        rollout_rows=roll_rows,
+        train_step=dict(memory=train, compile_s=train_s),
+        critic_step=critic,
+        decode_step=dict(memory=decode, compile_s=decode_s),
+        kv_cache=dict(per_device=kv, total=kv_total(cache)),
+        resident=resident,
+        phases=phases,
+        peak=peak,
+        target=dict(name=target, capacity=capacity, headroom=headroom, budget=budget),
+        fits=bool(peak <= budget),
+    )
+
+
+def kv_total(cache) -> int:
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(cache))
+
+
+def format_report(r: dict) -> str:
+    """A readable table of `plan`'s result (GB = 1e9 bytes, per device unless said)."""
+    g = lambda b: f"{b / GB:9.2f}"
+    lines = [
+        f"mesh {r['mesh']} ({r['devices']} devices); model {r['model']['num_params'] / 1e9:.2f}B params, "
+        f"{r['model']['param_dtype']} params / {r['model']['dtype']} compute, remat={r['model']['remat']}",
+        f"algo {r['algo']['advantage']}: mini-batch {r['algo']['mini_batch_rows']} rows x {r['seq_len']} tokens, "
+        f"{r['algo']['micro_batches']} micro-batches; rollout {r['rollout_rows']} rows",
+        "",
+        f"{'per device (GB)':<22}{'argument':>10}{'temp':>10}{'output':>10}{'alias':>10}{'total':>10}"
+        f"{'compile s':>11}",
+    ]
+    steps = [
+        ("train_step", r["train_step"]),
+        ("critic_step", r["critic_step"]),
+        ("decode_step", r["decode_step"]),
+    ]
+    for name, s in steps:
+        if s is None:
+            continue
+        m = s["memory"]
+        lines.append(
+            f"{name:<22}{g(m['argument']):>10}{g(m['temp']):>10}{g(m['output']):>10}{g(m['alias']):>10}"
+            f"{g(m['total']):>10}{s['compile_s']:>11.1f}"
+        )
+    lines.append("")
+    for k, v in r["resident"].items():
+        lines.append(f"{'resident ' + k:<32}{g(v)}")
+    kv = r["kv_cache"]
+    lines.append(
+        f"{'KV cache (rollout batch)':<32}{g(kv['per_device'])}   ({kv['total'] / GB:.1f} GB in all)"
+    )
+    for k, v in r["phases"].items():
+        lines.append(f"{'phase ' + k:<32}{g(v)}")
+    t = r["target"]
+    verdict = "FITS" if r["fits"] else "DOES NOT FIT"
+    lines.append("")
+    lines.append(
+        f"peak {r['peak'] / GB:.2f} GB per device vs {t['name']} {t['capacity'] / GB:.0f} GB "
+        f"(budget {t['budget'] / GB:.1f} GB with {t['headroom']:.0%} headroom): {verdict}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""Memory plan of a config on a mesh, without weights: python launch/plan.py --config configs/eka_7b.py
+--mesh fsdp=8 [--target h100-80gb|v5p-95gb|h200-141gb|GB] [--headroom 0.1] [--json] [--config.key=value ...]
+
+Builds the abstract policy / reference / AdamW state (and the critic for PPO), AOT-compiles the train step
+and the decode step over a fake CPU mesh of the --mesh size, and prints XLA's per-device memory analysis.
+"""
+
+import os
+import sys
+
+
+def _mesh_arg(argv) -> str:
+    for i, a in enumerate(argv):
+        if a.startswith("--mesh="):
+            return a.split("=", 1)[1]
+        if a == "--mesh" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "fsdp=8"
+
+
+# the fake device count must be set before jax is imported
+_MESH = _mesh_arg(sys.argv)
+_N = 1
+for _part in filter(None, _MESH.split(",")):
+    _N *= int(_part.partition("=")[2] or 1)
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_N}"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+config_flags.DEFINE_config_file("config", None, "a configs/*.py file with get_config()", lock_config=True)
+flags.DEFINE_string("mesh", "fsdp=8", "mesh axis sizes, e.g. fsdp=8 or data=2,fsdp=4,tensor=2")
+flags.DEFINE_string("target", "h100-80gb", "h100-80gb | v5p-95gb | h200-141gb | a number of GB per device")
+flags.DEFINE_float("headroom", 0.1, "fraction of the target's memory kept free")
+flags.DEFINE_bool("json", False, "print the plan as JSON")
+
+
+def main(argv):
+    del argv
+    import json
+
+    from jaxsearch import plan
+
+    cfg = flags.FLAGS.config
+    if cfg is None:
+        raise app.UsageError("--config is required, e.g. --config configs/eka_7b.py")
+    shape = plan.parse_mesh(flags.FLAGS.mesh)
+    result = plan.plan(cfg, shape, flags.FLAGS.target, flags.FLAGS.headroom)
+    print(json.dumps(result, indent=1) if flags.FLAGS.json else plan.format_report(result))
+
+
+if __name__ == "__main__":
+    app.run(main)
