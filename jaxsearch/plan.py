@@ -104,7 +104,10 @@ def abstract_state(params, optimizer) -> ts.TrainState:
 
 def abstract_batch(mesh, rows: int, width: int, ppo: bool, critic: bool = False) -> dict:
     """One mini-batch as the trainer builds it: [rows, width] arrays sharded over the data axes."""
-    two = lambda dtype: jax.ShapeDtypeStruct((rows, width), dtype, sharding=parallel.batch_sharding(mesh, 2))
+
+    def two(dtype):
+        return jax.ShapeDtypeStruct((rows, width), dtype, sharding=parallel.batch_sharding(mesh, 2))
+
     batch = dict(
         tokens=two(jnp.int32),
         attention_mask=two(jnp.int32),
@@ -174,7 +177,10 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache) -> tuple[dict, fl
     """One `qwen2.decode_step` over the whole cache (the cache donated, as the sampler does)."""
     lengths = cache["lengths"]
     token = jax.ShapeDtypeStruct(lengths.shape, jnp.int32, sharding=lengths.sharding)
-    fn = lambda p, c, t: qwen2.decode_step(config, p, c, t)
+
+    def fn(p, c, t):
+        return qwen2.decode_step(config, p, c, t)
+
     c_shard = _shardings(cache)
     return compile_fn(
         fn, (params, cache, token), (_shardings(params), c_shard, token.sharding), (None, c_shard), (1,)
@@ -283,7 +289,10 @@ def kv_total(cache) -> int:
 
 def format_report(r: dict) -> str:
     """A readable table of `plan`'s result (GB = 1e9 bytes, per device unless said)."""
-    g = lambda b: f"{b / GB:9.2f}"
+
+    def g(b):
+        return f"{b / GB:9.2f}"
+
     lines = [
         f"mesh {r['mesh']} ({r['devices']} devices); model {r['model']['num_params'] / 1e9:.2f}B params, "
         f"{r['model']['param_dtype']} params / {r['model']['dtype']} compute, remat={r['model']['remat']}",
