@@ -8,6 +8,7 @@ before jax is imported); `launch/plan.py` does that.
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import jax
@@ -138,14 +139,31 @@ def memory(compiled) -> dict:
     return out
 
 
+_HLO_ARRAY = re.compile(r"\b(f64|f32|bf16|f16|s64|s32|u32|s8|u8|pred)\[([\d,]+)\]")
+_ITEMSIZE = dict(f64=8, f32=4, bf16=2, f16=2, s64=8, s32=4, u32=4, s8=1, u8=1, pred=1)
+
+
+def largest_arrays(hlo_text: str, n: int = 5) -> list[tuple[str, int]]:
+    """The n largest distinct array shapes (per device) in a compiled module's HLO, with their bytes: where
+    a blown-up temp comes from (e.g. a batch the partitioner gathered instead of the weights)."""
+    sizes = {}
+    for m in _HLO_ARRAY.finditer(hlo_text):
+        dims = [int(d) for d in m.group(2).split(",")]
+        sizes[m.group(0)] = int(np.prod(dims, dtype=np.int64)) * _ITEMSIZE[m.group(1)]
+    return sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
+
+
 def compile_fn(fn, args, in_shardings, out_shardings, donate_argnums) -> tuple[dict, float]:
-    """AOT-compile `fn` on abstract `args`; (memory analysis, compile seconds)."""
+    """AOT-compile `fn` on abstract `args`; (memory analysis + largest arrays, compile seconds)."""
     start = time.perf_counter()
     jitted = jax.jit(
         fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
     )
     compiled = jitted.lower(*args).compile()
-    return memory(compiled), time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    mem = memory(compiled)
+    mem["largest_arrays"] = largest_arrays(compiled.as_text())
+    return mem, seconds
 
 
 def _shardings(tree):
@@ -324,6 +342,11 @@ def format_report(r: dict) -> str:
     )
     for k, v in r["phases"].items():
         lines.append(f"{'phase ' + k:<32}{g(v)}")
+    lines.append("")
+    for name, s in steps:
+        if s is not None:
+            big = ", ".join(f"{a} {b / GB:.2f}" for a, b in s["memory"]["largest_arrays"][:3])
+            lines.append(f"largest arrays in {name} (GB per device): {big}")
     t = r["target"]
     verdict = "FITS" if r["fits"] else "DOES NOT FIT"
     lines.append("")
