@@ -77,3 +77,11 @@ def test_mesh_with_tensor_and_data_axes():
     r = json.loads(run_plan("--mesh", "data=2,fsdp=2,tensor=2", "--json", *TINY))
     assert r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2} and r["devices"] == 8
     assert r["train_step"]["memory"]["total"] > 0 and r["decode_step"]["memory"]["argument"] > 0
+
+
+def test_largest_arrays_parses_hlo_shapes():
+    from jaxsearch import plan
+
+    hlo = "%a = f32[8,1024]{1,0} add(...), %b = bf16[2,3]{1,0} ..., %c = s32[] ..., %d = pred[4096,4096]"
+    top = plan.largest_arrays(hlo, 2)
+    assert top == [("pred[4096,4096]", 4096 * 4096), ("f32[8,1024]", 8 * 1024 * 4)]
