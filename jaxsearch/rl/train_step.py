@@ -193,7 +193,11 @@ def train_step(loss_fn, agg_mode: str, micro_batches: int, optimizer, state: Tra
     if m == 1:
         loss, stats, grads = micro(batch)
     else:
-        split = jax.tree_util.tree_map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
+        # micro-batch j takes rows j, j + m, j + 2m, ...: each one keeps the batch's sharding over the data
+        # axes (contiguous chunks would each sit on one device group and be gathered to every device)
+        split = jax.tree_util.tree_map(
+            lambda x: x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1), batch
+        )
 
         def body(acc, b):
             out = micro(b)
