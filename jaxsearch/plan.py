@@ -223,15 +223,7 @@ def plan(cfg, mesh_shape: dict[str, int], target: str = "h100-80gb", headroom: f
         cfg.optim.lr, cfg.total_steps, 0, cfg.optim.schedule, cfg.optim.weight_decay
     )
     state = abstract_state(params, optimizer)
-    loss_cfg = ts.LossConfig(
-        policy_loss=cfg.algo.policy_loss,
-        clip_eps=cfg.algo.clip_eps,
-        agg_mode=cfg.algo.agg_mode,
-        kl_coef=cfg.algo.kl_coef,
-        kl_kind=cfg.algo.kl_kind,
-        entropy_coef=cfg.algo.entropy_coef,
-        micro_batches=cfg.algo.micro_batches,
-    )
+    loss_cfg = trainer.loss_config(cfg)
     batch = abstract_batch(mesh, mb, width, ppo)
     train, train_s = plan_train_step(
         ts.policy_loss_fn(config, loss_cfg),

@@ -436,15 +436,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         old_logprobs=zeros(np.float32),
         ref_logprobs=zeros(np.float32),
     )
-    loss_cfg = ts.LossConfig(
-        policy_loss=cfg.algo.policy_loss,
-        clip_eps=cfg.algo.clip_eps,
-        agg_mode=cfg.algo.agg_mode,
-        kl_coef=cfg.algo.kl_coef,
-        kl_kind=cfg.algo.kl_kind,
-        entropy_coef=cfg.algo.entropy_coef,
-        micro_batches=cfg.algo.micro_batches,
-    )
+    loss_cfg = loss_config(cfg)
     update = ts.make_train_step(
         ts.policy_loss_fn(config, loss_cfg),
         loss_cfg.agg_mode,
@@ -564,6 +556,20 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     ckpt.wait()
     ckpt.close()
     return last
+
+
+def loss_config(cfg) -> ts.LossConfig:
+    """The policy objective of a config's `algo` section."""
+    a = cfg.algo
+    return ts.LossConfig(
+        policy_loss=a.policy_loss,
+        clip_eps=a.clip_eps,
+        agg_mode=a.agg_mode,
+        kl_coef=a.kl_coef,
+        kl_kind=a.kl_kind,
+        entropy_coef=a.entropy_coef,
+        micro_batches=a.micro_batches,
+    )
 
 
 def outcome_token_rewards(scores: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
