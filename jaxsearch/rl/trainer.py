@@ -76,16 +76,17 @@ def load_policy(cfg, mesh):
     """(model config, params placed on the mesh): from hf_path, orbax_path, or a seeded random init."""
     m = cfg.model
     overrides = dict(remat=m.remat, logprob_chunk=m.logprob_chunk)
-    if m.hf_path:
-        config = hf_io.load_hf(m.hf_path, dtype=jnp.dtype(m.param_dtype), config_overrides=overrides)[0]
-        shardings = parallel.param_shardings(config, mesh)
-        config, params = hf_io.load_hf(m.hf_path, jnp.dtype(m.param_dtype), shardings, overrides)
-    elif m.orbax_path:
-        config = checkpoint.restore_params(m.orbax_path, dtype=m.param_dtype)[0].replace(**overrides)
-        config, params = checkpoint.restore_params(
-            m.orbax_path, dtype=m.param_dtype, shardings=parallel.param_shardings(config, mesh)
+    if m.hf_path or m.orbax_path:
+        # shardings need only the shapes in config.json: read each checkpoint once, onto its devices
+        path = m.hf_path or m.orbax_path
+        shardings = parallel.param_shardings(
+            qwen2.Qwen2Config.from_hf_json(os.path.join(path, "config.json")), mesh
         )
-        config = config.replace(**overrides)
+        if m.hf_path:
+            config, params = hf_io.load_hf(path, jnp.dtype(m.param_dtype), shardings, overrides)
+        else:
+            config, params = checkpoint.restore_params(path, dtype=m.param_dtype, shardings=shardings)
+            config = config.replace(**overrides)
     else:
         config = model_config(cfg)
         shardings = parallel.param_shardings(config, mesh)
