@@ -1,4 +1,4 @@
-"""Evaluate a search agent checkpoint on QA datasets (FlashRAG JSONL or parquet).
+"""Evaluate a search agent checkpoint on QA datasets (FlashRAG JSONL or parquet, or tfds:NAME?split=S).
 
     python launch/eval.py --checkpoint ckpt/ --protocol search_r1 --retriever bm25 --corpus wiki-18.jsonl \\
         --index indexes/wiki18_bm25 --datasets nq=data/nq/test.jsonl hotpotqa=data/hotpotqa/dev.jsonl \\
@@ -86,6 +86,8 @@ def _dataset(parser, spec: str) -> tuple[str, str]:
         parser.error(
             f"--datasets {spec!r}: expected NAME=PATH with NAME of letters, digits, _ . - (not average)"
         )
+    if path.startswith("tfds:"):  # a tensorflow-datasets builder spec (jaxsearch/data/tfds_source.py)
+        return name, path
     return name, os.path.abspath(path)
 
 

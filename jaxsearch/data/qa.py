@@ -9,6 +9,9 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
   {"target": [...]}}` and `extra_info: {"split", "index"}`. The answers come from `reward_model`; `id` and
   `question` fall back to `{data_source}_{split}_{index}` and the prompt's question when absent.
 
+A path `tfds:NAME[/CONFIG][:VERSION]?split=SPLIT[&data_dir=DIR]` reads a prepared tensorflow-datasets builder
+instead (trivia_qa, natural_questions, ...; optional extra `[tfds]`): see `jaxsearch/data/tfds_source.py`.
+
 Reading streams: one JSON line or one parquet record batch at a time. Any bad row is a `QADataError` naming
 the file, the line (parquet: row) and the field; a file without examples is an error too.
 """
@@ -24,6 +27,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 SUFFIXES = (".jsonl", ".parquet")
+TFDS_PREFIX = "tfds:"  # a tensorflow-datasets builder spec, not a file (jaxsearch/data/tfds_source.py)
 
 
 class QADataError(ValueError):
@@ -134,8 +138,13 @@ def _string_list(value: object, field: str, where: str, allow_empty: bool = True
 
 
 def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
-    """Streams the examples of one `.jsonl` or `.parquet` file (blank JSONL lines are skipped)."""
+    """Streams the examples of one `.jsonl` or `.parquet` file (blank JSONL lines are skipped) or tfds spec."""
     path = os.fspath(path)
+    if path.startswith(TFDS_PREFIX):
+        from jaxsearch.data import tfds_source
+
+        yield from tfds_source.iter_examples(path)
+        return
     if not os.path.isfile(path):
         raise QADataError(f"{path}: no such QA file")
     if path.endswith(".jsonl"):
@@ -173,7 +182,7 @@ def _parquet_rows(path: str) -> Iterator[tuple[str, object]]:
 
 
 def load_examples(path: str | os.PathLike) -> list[QAExample]:
-    """All examples of one file, in file order."""
+    """All examples of one file (or tfds spec), in file order."""
     return list(iter_examples(path))
 
 
