@@ -26,6 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
         param_dtype="float32",
         remat=True,
         logprob_chunk=512,
+        attention_chunk=512,  # query chunk of the training forward's attention (0: dense)
         vocab_size=0,
         hidden_size=0,
         intermediate_size=0,
@@ -92,8 +93,9 @@ def get_config() -> ml_collections.ConfigDict:
     # A synthetic world under WORKDIR/world (size tiny | small; "" = none): it then provides the data,
     # the retriever's corpus and a word-level tokenizer (model.vocab_size = -1 takes its size).
     c.world = dict(size="", seed=0, eval_split="test")
-    c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False)  # truncate: cut
-    # examples longer than max_len instead of leaving them out  # optional warm start stage
+    c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False, early_stop=0.0)
+    # optional warm start stage. truncate: cut examples longer than max_len instead of leaving them out;
+    # early_stop: share of chain questions whose trace answers after the first search (data/sft.py)
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.distributed = dict(coordinator="", num_processes=0, process_id=-1)  # empty: from the environment
     c.lock()

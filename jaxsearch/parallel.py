@@ -11,6 +11,9 @@ Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with params sharde
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from typing import Any, Sequence
 
 import jax
@@ -93,6 +96,45 @@ def param_shardings(config, mesh: Mesh, rules=DEFAULT_RULES):
         shapes,
         is_leaf=lambda x: isinstance(x, P),
     )
+
+
+_ACTIVATIONS = threading.local()  # .mesh, .rules while `activation_sharding` is active
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules=DEFAULT_RULES):
+    """While active (at trace time), `constrain` pins the model's annotated activations to `mesh` by
+    `rules`; outside it, `constrain` is the identity (single-device code and tests)."""
+    previous = getattr(_ACTIVATIONS, "value", None)
+    _ACTIVATIONS.value = (mesh, rules)
+    try:
+        yield
+    finally:
+        _ACTIVATIONS.value = previous
+
+
+def constrain(x, axes: Sequence[str | None]):
+    """`x` with a sharding constraint from its logical `axes` under the active `activation_sharding`
+    (with the same divisibility fallback as the params), else `x` unchanged."""
+    active = getattr(_ACTIVATIONS, "value", None)
+    if active is None:
+        return x
+    mesh, rules = active
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules))
+    )
+
+
+def with_activation_sharding(fn, mesh: Mesh, rules=DEFAULT_RULES):
+    """`fn` traced under `activation_sharding(mesh, rules)`: wrap a function before `jax.jit`, so the
+    activations inside every layer stay sharded along the batch instead of being left to propagation."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with activation_sharding(mesh, rules):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedSharding:

@@ -54,6 +54,50 @@ def mesh_size(shape: dict[str, int]) -> int:
     return int(np.prod(list(shape.values())))
 
 
+# TPU v5p slices by chip count (one JAX device per chip): the 3D torus shapes of Cloud TPU's v5p-{2N}.
+V5P_TOPOLOGIES = {
+    1: "1x1x1",
+    2: "1x2x1",
+    4: "2x2x1",
+    8: "2x2x2",
+    16: "2x2x4",
+    32: "2x4x4",
+    64: "4x4x4",
+    128: "4x4x8",
+    256: "4x8x8",
+    512: "8x8x8",
+}
+
+
+def plan_devices(n: int, backend: str = "cpu") -> list:
+    """`n` devices to compile for. cpu: the host's fake CPU devices (XLA_FLAGS device count); tpu: abstract
+    TPU v5p chips of a slice of `n` chips, compiled by libtpu's compiler without any TPU attached
+    (`pip install -e ".[tpu]"`)."""
+    if backend == "cpu":
+        devices = jax.devices("cpu")
+        if len(devices) < n:
+            raise ValueError(
+                f"{n} devices needed, {len(devices)} CPU devices exist: set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax is imported"
+            )
+        return devices[:n]
+    if backend == "tpu":
+        if n not in V5P_TOPOLOGIES:
+            raise ValueError(
+                f"--backend tpu: {n} chips is not a v5p slice; use one of {sorted(V5P_TOPOLOGIES)}"
+            )
+        from jax.experimental import topologies
+
+        try:
+            topology = topologies.get_topology_desc(topology_name=f"v5p:{V5P_TOPOLOGIES[n]}", platform="tpu")
+        except Exception as e:  # no libtpu, or one this jax cannot load
+            raise RuntimeError(
+                f"--backend tpu needs libtpu to compile for TPU without one (pip install -e '.[tpu]'): {e}"
+            ) from None
+        return list(topology.devices)
+    raise ValueError(f"--backend {backend!r}: expected 'cpu' or 'tpu'")
+
+
 def device_bytes(tree) -> int:
     """Bytes one device holds of a pytree of ShapeDtypeStructs (or arrays) with NamedShardings."""
     total = 0
@@ -159,11 +203,26 @@ def compile_fn(fn, args, in_shardings, out_shardings, donate_argnums) -> tuple[d
     jitted = jax.jit(
         fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
     )
-    compiled = jitted.lower(*args).compile()
+    lowered = jitted.lower(*args)
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        # a TPU compiler refuses a program larger than its HBM; it says how much the temporaries need
+        need = _HBM_NEED.search(str(e))
+        if need is None:
+            raise
+        mem = dict(argument=device_bytes(args), output=0, temp=int(float(need.group(1)) * 2**30), alias=0)
+        mem.update(generated_code=0, compiled=False, largest_arrays=[])
+        mem["total"] = mem["argument"] + mem["temp"]
+        return mem, time.perf_counter() - start
     seconds = time.perf_counter() - start
     mem = memory(compiled)
+    mem["compiled"] = True
     mem["largest_arrays"] = largest_arrays(compiled.as_text())
     return mem, seconds
+
+
+_HBM_NEED = re.compile(r"memory required for HLO temporaries \(([\d.]+)G\) exceeds")
 
 
 def _shardings(tree):
@@ -172,7 +231,9 @@ def _shardings(tree):
 
 def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
     s_shard = _shardings(state)
+    mesh = jax.tree_util.tree_leaves(state.params)[0].sharding.mesh
     fn = functools.partial(ts.train_step, loss_fn, agg_mode, micro_batches, optimizer)
+    fn = parallel.with_activation_sharding(fn, mesh)
     return compile_fn(fn, (state, batch), (s_shard, _shardings(batch)), (s_shard, None), (0,))
 
 
@@ -205,12 +266,15 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache) -> tuple[dict, fl
     )
 
 
-def plan(cfg, mesh_shape: dict[str, int], target: str = "h100-80gb", headroom: float = 0.1) -> dict:
-    """The memory plan of config `cfg` on a mesh of `mesh_shape` (bytes per device)."""
+def plan(
+    cfg, mesh_shape: dict[str, int], target: str = "h100-80gb", headroom: float = 0.1, backend: str = "cpu"
+) -> dict:
+    """The memory plan of config `cfg` on a mesh of `mesh_shape` (bytes per device), compiled by the
+    `backend`'s XLA compiler (see `plan_devices`)."""
     from jaxsearch.rl import trainer  # local: pulls in the host-side stack
 
     config = trainer.model_config(cfg)
-    mesh = parallel.make_mesh(mesh_shape, jax.devices()[: mesh_size(mesh_shape)])
+    mesh = parallel.make_mesh(mesh_shape, plan_devices(mesh_size(mesh_shape), backend))
     ppo = cfg.algo.advantage == "gae"
     rows = cfg.data.batch_size * cfg.data.group_size
     if rows % cfg.algo.mini_batches:
@@ -270,6 +334,7 @@ def plan(cfg, mesh_shape: dict[str, int], target: str = "h100-80gb", headroom: f
     return dict(
         mesh=dict(mesh.shape),
         devices=mesh.size,
+        backend=backend,
         model=dict(
             num_params=n_params,
             layers=config.num_hidden_layers,
@@ -304,7 +369,7 @@ def format_report(r: dict) -> str:
         return f"{b / GB:9.2f}"
 
     lines = [
-        f"mesh {r['mesh']} ({r['devices']} devices); model {r['model']['num_params'] / 1e9:.2f}B params, "
+        f"mesh {r['mesh']} ({r['devices']} {r['backend']} devices); model {r['model']['num_params'] / 1e9:.2f}B params, "
         f"{r['model']['param_dtype']} params / {r['model']['dtype']} compute, remat={r['model']['remat']}",
         f"algo {r['algo']['advantage']}: mini-batch {r['algo']['mini_batch_rows']} rows x {r['seq_len']} tokens, "
         f"{r['algo']['micro_batches']} micro-batches; rollout {r['rollout_rows']} rows",
@@ -324,6 +389,7 @@ def format_report(r: dict) -> str:
         lines.append(
             f"{name:<22}{g(m['argument']):>10}{g(m['temp']):>10}{g(m['output']):>10}{g(m['alias']):>10}"
             f"{g(m['total']):>10}{s['compile_s']:>11.1f}"
+            + ("" if m.get("compiled", True) else "   refused: temporaries over the chip's HBM")
         )
     lines.append("")
     for k, v in r["resident"].items():

@@ -1,8 +1,13 @@
 """Memory plan of a config on a mesh, without weights: python launch/plan.py --config configs/eka_7b.py
---mesh fsdp=8 [--target h100-80gb|v5p-95gb|h200-141gb|GB] [--headroom 0.1] [--json] [--config.key=value ...]
+--mesh fsdp=8 [--backend cpu|tpu] [--target h100-80gb|v5p-95gb|h200-141gb|GB] [--headroom 0.1] [--json]
+[--config.key=value ...]
 
 Builds the abstract policy / reference / AdamW state (and the critic for PPO), AOT-compiles the train step
-and the decode step over a fake CPU mesh of the --mesh size, and prints XLA's per-device memory analysis.
+and the decode step over a mesh of the --mesh size, and prints XLA's per-device memory analysis.
+
+--backend cpu (default): fake CPU devices. XLA's CPU compiler computes bf16 in fp32 and its scheduler undoes
+rematerialisation, so this is an upper bound. --backend tpu: abstract TPU v5p chips compiled by libtpu (no
+TPU needed; `pip install -e ".[tpu]"`): the plan a pod would run, and the closer proxy for GPUs too.
 """
 
 import os
@@ -38,6 +43,7 @@ flags.DEFINE_string("mesh", "fsdp=8", "mesh axis sizes, e.g. fsdp=8 or data=2,fs
 flags.DEFINE_string("target", "h100-80gb", "h100-80gb | v5p-95gb | h200-141gb | a number of GB per device")
 flags.DEFINE_float("headroom", 0.1, "fraction of the target's memory kept free")
 flags.DEFINE_bool("json", False, "print the plan as JSON")
+flags.DEFINE_enum("backend", "cpu", ["cpu", "tpu"], "compile for fake CPU devices or abstract TPU v5p chips")
 
 
 def main(argv):
@@ -50,7 +56,7 @@ def main(argv):
     if cfg is None:
         raise app.UsageError("--config is required, e.g. --config configs/eka_7b.py")
     shape = plan.parse_mesh(flags.FLAGS.mesh)
-    result = plan.plan(cfg, shape, flags.FLAGS.target, flags.FLAGS.headroom)
+    result = plan.plan(cfg, shape, flags.FLAGS.target, flags.FLAGS.headroom, flags.FLAGS.backend)
     print(json.dumps(result, indent=1) if flags.FLAGS.json else plan.format_report(result))
 
 

@@ -7,6 +7,7 @@ from transformers import Qwen2Config as HFConfig
 from transformers import Qwen2ForCausalLM
 
 import jax
+import jax.extend.core  # noqa: F401  (jaxprs_in_params)
 import jax.numpy as jnp
 
 from jaxsearch.models import hf_io, qwen2
@@ -159,6 +160,70 @@ def test_remat_gives_same_gradients(tiny):
     g_remat = jax.grad(loss)(params, config.replace(remat=True))
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_remat)):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_chunked_attention_matches_transformers_and_dense_gradients(tiny):
+    """Query-chunked attention (T=12 in chunks of 5: two full chunks and a padded one; left padding)
+    against transformers' logits, and its gradients against the dense path's."""
+    _, model, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [12, 7, 3, 12], seed=7)
+    chunked = config.replace(attention_chunk=5)
+    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(chunked, params, ids, mask))
+    ref = hf_logits(model, ids, mask)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4)
+
+    def loss(p, cfg):
+        return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
+
+    g = jax.grad(loss)(params, config)
+    g_chunked = jax.grad(loss)(params, chunked.replace(remat=True))
+    for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_chunked)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_activation_constraints_shard_the_layers_along_the_batch():
+    """Under `parallel.activation_sharding` the MLP activation [B, T, F] is constrained to the rules'
+    spec (batch over data x fsdp, mlp over tensor), the output equals the unconstrained one, and outside
+    the context the model adds no constraint at all."""
+    from jaxsearch import parallel
+
+    config = qwen2.Qwen2Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=24,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+    )
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    ids = np.arange(8 * 6, dtype=np.int32).reshape(8, 6) % 32
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    fn = lambda p, x: qwen2.forward(config, p, x)
+
+    def constraints(f):  # {shape: spec} of every sharding constraint in f's jaxpr, nested ones included
+        found = {}
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                if eqn.primitive.name == "sharding_constraint":
+                    found[tuple(eqn.invars[0].aval.shape)] = eqn.params["sharding"].spec
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    walk(sub)
+
+        walk(jax.make_jaxpr(f)(params, ids).jaxpr)
+        return found
+
+    assert constraints(fn) == {}
+    found = constraints(parallel.with_activation_sharding(fn, mesh))
+    P = jax.sharding.PartitionSpec
+    assert found[(8, 6, 24)] == P(("data", "fsdp"), None, "tensor")  # MLP hidden: batch and mlp split
+    assert found[(8, 6, 16)] == P(("data", "fsdp"), None, None)  # residual: embed's fsdp is taken by batch
+    assert found[(8, 6, 4, 4)] == P(("data", "fsdp"), None, "tensor", None)  # q: heads over tensor
+    sharded = jax.jit(parallel.with_activation_sharding(fn, mesh))
+    np.testing.assert_allclose(
+        np.asarray(sharded(params, ids)), np.asarray(jax.jit(fn)(params, ids)), atol=1e-6
+    )
 
 
 def test_every_param_has_logical_axes():

@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsearch import parallel
+
 Params = Any  # a nested dict of arrays
 _NEG = -1e30  # finite "minus infinity" for masked logits: a fully masked (padding) row stays finite
 
@@ -66,6 +68,8 @@ class Qwen2Config:
     param_dtype: str = "float32"
     remat: bool = False  # rematerialise each decoder layer in the backward pass
     logprob_chunk: int = 256  # sequence chunk of `token_logprobs` (bounds the [B, chunk, V] temporary)
+    attention_chunk: int = 0  # > 0: queries in chunks of this many, each rematerialised (bounds the
+    #                           [B, H, chunk, S] scores of a long training forward); 0: dense
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -228,7 +232,7 @@ def _param(module: nn.Module, name: str, shape, axes, init, dtype):
 
 
 def _constrain(x, axes):
-    return nn.with_logical_constraint(x, axes)
+    return parallel.constrain(x, axes)
 
 
 class RMSNorm(nn.Module):
@@ -263,12 +267,23 @@ def apply_rope(x, cos, sin):
     return out.astype(x.dtype)
 
 
-def attend(q, k, v, mask):
+def attend(q, k, v, mask, chunk: int = 0):
     """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
 
     Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
+    With 0 < chunk < T, queries go `chunk` at a time (T padded up to a multiple) through a `lax.map` whose
+    body is rematerialised, so only one chunk's [B, H, chunk, S] scores are live, forward or backward.
     """
     b, t, h, d = q.shape
+    if 0 < chunk < t:
+        n = -(-t // chunk)
+        pad = n * chunk - t
+        q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        q_chunks = q_chunks.reshape(b, n, chunk, h, d).swapaxes(0, 1)  # [n, B, chunk, H, D]
+        m_chunks = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
+        one = jax.checkpoint(lambda qm: attend(qm[0], k, v, qm[1]))
+        out = jax.lax.map(one, (q_chunks, m_chunks)).swapaxes(0, 1).reshape(b, n * chunk, h, d)
+        return out[:, :t]
     kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
@@ -309,7 +324,7 @@ class Attention(nn.Module):
         k = _constrain(apply_rope(kv[:, :, 0], cos, sin), ("batch", "length", "kv_heads", "head_dim"))
         v = _constrain(kv[:, :, 1], ("batch", "length", "kv_heads", "head_dim"))
         k_all, v_all, new_kv = kv_write(k, v)
-        out = attend(q, k_all, v_all, mask)
+        out = attend(q, k_all, v_all, mask, cfg.attention_chunk)
         return jnp.einsum("bthd,hde->bte", out, wo.astype(dt)), new_kv
 
 
@@ -381,10 +396,15 @@ class Qwen2(nn.Module):
         """hidden [..., E] -> logits [..., V] in fp32."""
         dt = self.config.compute_dtype
         if self.config.tie_word_embeddings:  # contract with the [V, E] table as it is: no transposed copy
-            return jnp.einsum("...e,ve->...v", hidden.astype(dt), self.embedding.astype(dt),
-                              preferred_element_type=jnp.float32)
-        return jnp.einsum("...e,ev->...v", hidden.astype(dt), self.lm_head.astype(dt),
-                          preferred_element_type=jnp.float32)
+            return jnp.einsum(
+                "...e,ve->...v",
+                hidden.astype(dt),
+                self.embedding.astype(dt),
+                preferred_element_type=jnp.float32,
+            )
+        return jnp.einsum(
+            "...e,ev->...v", hidden.astype(dt), self.lm_head.astype(dt), preferred_element_type=jnp.float32
+        )
 
     def init_all(self, input_ids):
         positions = jnp.zeros_like(input_ids)

@@ -57,7 +57,13 @@ def load_tokenizer(cfg):
 def model_config(cfg) -> qwen2.Qwen2Config:
     """The architecture of a random init (the HF / orbax paths carry their own config)."""
     m = cfg.model
-    numerics = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, logprob_chunk=m.logprob_chunk)
+    numerics = dict(
+        dtype=m.dtype,
+        param_dtype=m.param_dtype,
+        remat=m.remat,
+        logprob_chunk=m.logprob_chunk,
+        attention_chunk=m.attention_chunk,
+    )
     if m.vocab_size:
         return qwen2.Qwen2Config(
             vocab_size=m.vocab_size,
@@ -75,7 +81,7 @@ def model_config(cfg) -> qwen2.Qwen2Config:
 def load_policy(cfg, mesh):
     """(model config, params placed on the mesh): from hf_path, orbax_path, or a seeded random init."""
     m = cfg.model
-    overrides = dict(remat=m.remat, logprob_chunk=m.logprob_chunk)
+    overrides = dict(remat=m.remat, logprob_chunk=m.logprob_chunk, attention_chunk=m.attention_chunk)
     if m.hf_path or m.orbax_path:
         # shardings need only the shapes in config.json: read each checkpoint once, onto its devices
         path = m.hf_path or m.orbax_path
