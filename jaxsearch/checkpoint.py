@@ -24,6 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from jaxsearch import multihost
 from jaxsearch.models import qwen2
 
 log = logging.getLogger(__name__)
@@ -33,20 +34,30 @@ COMMIT_MARKER = "commit_success.txt"
 
 
 def save_params(path: str, config: qwen2.Qwen2Config, params) -> None:
-    """Write config + params to `path` (replaced only once the new checkpoint is complete)."""
+    """Write config + params to `path` (replaced only once the new checkpoint is complete).
+
+    With several processes every one must call it (each writes the shards it holds); process 0 alone
+    touches the directories and config.json.
+    """
     path = os.path.abspath(path)
     tmp = path + ".tmp-save"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(config.to_hf_dict(), f, indent=2)
+    primary = jax.process_index() == 0
+    if primary:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config.to_hf_dict(), f, indent=2)
+    multihost.sync(f"jaxsearch_save_params_start:{path}")
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.join(tmp, "params"), params)
     checkpointer.wait_until_finished()
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.rename(tmp, path)
+    multihost.sync(f"jaxsearch_save_params_written:{path}")
+    if primary:
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+    multihost.sync(f"jaxsearch_save_params_done:{path}")
 
 
 def restore_params(path: str, dtype=None, shardings=None):

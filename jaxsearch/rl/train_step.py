@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxsearch import parallel
+from jaxsearch import multihost, parallel
 from jaxsearch.models import qwen2
 from jaxsearch.rl import losses
 
@@ -239,26 +239,48 @@ def make_train_step(
 
     Policy: `make_train_step(policy_loss_fn(config, loss_cfg), loss_cfg.agg_mode, loss_cfg.micro_batches, ...)`;
     critic: `functools.partial(critic_loss, config, clip_eps, agg_mode)` as the loss."""
-    s_shard = state_shardings(state)
-    return jax.jit(
+    s_shard, b_shard = state_shardings(state), batch_shardings(mesh, batch_example)
+    jitted = jax.jit(
         functools.partial(train_step, loss_fn, agg_mode, micro_batches, optimizer),
-        in_shardings=(s_shard, batch_shardings(mesh, batch_example)),
+        in_shardings=(s_shard, b_shard),
         out_shardings=(s_shard, None),
         donate_argnums=(0,),
     )
 
+    def update(state: TrainState, batch: dict):
+        # a host batch (the same on every process) becomes global arrays: jit cannot place numpy inputs on
+        # the devices of other processes
+        return jitted(state, multihost.tree_to_global(batch, b_shard))
+
+    return update
+
 
 def make_value_fn(config, mesh, critic_params, batch_example: dict):
-    """Jitted critic values [B, T] of `tokens`, sharded like the step."""
+    """Jitted critic values [B, T] of `tokens`, sharded like the step; host arrays in and out."""
     shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
     p_shard = jax.tree_util.tree_map(lambda x: x.sharding, critic_params)
     fn = lambda p, tokens, mask: critic_values(config, p, tokens, mask)
-    return jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
+    jitted = jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
+    return _host_in_out(jitted, shard)
 
 
 def make_logprob_fn(config, mesh, params, batch_example: dict):
-    """Jitted [B, T] log-probs of `tokens` under `params` (old policy or reference), sharded like the step."""
+    """Jitted [B, T] log-probs of `tokens` under `params` (old policy or reference), sharded like the step;
+    host arrays in and out."""
     shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
     p_shard = jax.tree_util.tree_map(lambda x: x.sharding, params)
     fn = lambda p, tokens, mask: sequence_logprobs(config, p, tokens, mask)
-    return jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
+    jitted = jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
+    return _host_in_out(jitted, shard)
+
+
+def _host_in_out(jitted, shard: dict):
+    """`jitted(params, tokens, mask)` on host [B, T] arrays, returning a host [B, T] array (the global value,
+    on every process)."""
+
+    def fn(params, tokens, mask):
+        tokens = multihost.to_global(tokens, shard["tokens"])
+        mask = multihost.to_global(mask, shard["attention_mask"])
+        return multihost.to_host(jitted(params, tokens, mask))
+
+    return fn

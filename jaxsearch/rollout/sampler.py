@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsearch import multihost
 from jaxsearch.models import qwen2
 
 MAX_TOKEN_BYTES = 64  # bytes kept per token for stop matching (longer tokens keep their last 64)
@@ -324,7 +325,8 @@ class Sampler:
         tokens, logprobs, entropy, length, stop, state = self._decode(
             self.config, params, state, budget, self.table, self.sampling, self.max_segment
         )
-        result = SegmentResult(*(np.asarray(x) for x in (tokens, logprobs, entropy, length, stop)))
+        # every process reads the whole batch back: the host side (parsing, retrieval) runs on all of them
+        result = SegmentResult(*(multihost.to_host(x) for x in (tokens, logprobs, entropy, length, stop)))
         return result, state
 
     def append(self, params, state: DecodeState, chunks: Sequence[Sequence[int]]) -> DecodeState:
@@ -335,7 +337,7 @@ class Sampler:
         longest = max(len(c) for c in chunks)
         if longest == 0:
             return state
-        free = self.cache_len - np.asarray(state.cache["lengths"])
+        free = self.cache_len - multihost.to_host(state.cache["lengths"])
         too_long = [i for i, c in enumerate(chunks) if len(c) > free[i]]
         if too_long:
             raise ValueError(f"rows {too_long} would overflow the cache of {self.cache_len} tokens")
