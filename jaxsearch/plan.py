@@ -232,7 +232,9 @@ def _shardings(tree):
 def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
     s_shard = _shardings(state)
     mesh = jax.tree_util.tree_leaves(state.params)[0].sharding.mesh
-    fn = functools.partial(ts.train_step, loss_fn, agg_mode, micro_batches, optimizer)
+    fn = functools.partial(
+        ts.train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=s_shard.params
+    )
     fn = parallel.with_activation_sharding(fn, mesh)
     return compile_fn(fn, (state, batch), (s_shard, _shardings(batch)), (s_shard, None), (0,))
 

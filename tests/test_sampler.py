@@ -244,3 +244,32 @@ def test_multi_turn_appends_match_forward_and_compile_nothing_new(model):
     # every shape (prompt bucket, decode loop, chunk buckets 16 and 8) is met in the first two turns;
     # after that nothing compiles (counts are per jitted function, shared with other tests' samplers)
     assert len(set(counts[1:])) == 1, counts
+
+
+def test_sampler_on_a_mesh_shards_the_batch_and_samples_the_same_tokens(model):
+    """With a mesh, prompts, KV cache and activations are split over the data axes (data=2 x fsdp=4: one
+    row per device) and a sampled segment + append + segment is token for token the unsharded one."""
+    from jaxsearch import parallel
+
+    _, config, params = model
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 4})
+    sharded_params = jax.device_put(params, parallel.param_shardings(config, mesh))
+    table = piece_table(config.vocab_size, ["</search>"])
+    kwargs = dict(cache_len=64, max_segment=10, sampling=S.SamplingParams(1.0), chunk_buckets=[8])
+    plain, on_mesh = S.Sampler(config, table, **kwargs), S.Sampler(config, table, mesh=mesh, **kwargs)
+    prompts = [[i + 1, i + 2, i + 3][: 1 + i % 3] for i in range(8)]
+    obs = [[7] * (i % 4) for i in range(8)]
+    out = []
+    for smp, p in ((plain, params), (on_mesh, sharded_params)):
+        state = smp.start(p, prompts, seed=3)
+        first, state = smp.decode(p, state, 10)
+        state = smp.append(p, state, obs)
+        second, state = smp.decode(p, state, 10)
+        out.append((first, second, state))
+    for a, b in zip(out[0][:2], out[1][:2]):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    cache = out[1][2].cache
+    assert cache["k"][0].sharding.spec[0] == ("data", "fsdp")  # rows split 8 ways
+    assert cache["k"][0].addressable_shards[0].data.shape[0] == 1
+    assert out[0][2].cache["k"][0].sharding.is_fully_replicated

@@ -510,10 +510,11 @@ def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> dic
     shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
     dtype = dtype or config.compute_dtype
     layers = range(config.num_hidden_layers)
+    axes = ("batch", "length", "kv_heads", "head_dim")  # sharded like the activations, when they are
     return {
-        "k": tuple(jnp.zeros(shape, dtype) for _ in layers),
-        "v": tuple(jnp.zeros(shape, dtype) for _ in layers),
-        "lengths": jnp.zeros((batch,), jnp.int32),
+        "k": tuple(_constrain(jnp.zeros(shape, dtype), axes) for _ in layers),
+        "v": tuple(_constrain(jnp.zeros(shape, dtype), axes) for _ in layers),
+        "lengths": _constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
     }
 
 

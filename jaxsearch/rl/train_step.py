@@ -177,9 +177,13 @@ def policy_loss_fn(config: qwen2.Qwen2Config, loss_cfg: LossConfig):
     return functools.partial(policy_loss, config, loss_cfg)
 
 
-def train_step(loss_fn, agg_mode: str, micro_batches: int, optimizer, state: TrainState, batch):
+def train_step(
+    loss_fn, agg_mode: str, micro_batches: int, optimizer, state: TrainState, batch, *, param_shardings=None
+):
     """One update of `state.params` by `loss_fn(params, batch) -> (loss, stats)`, accumulated over
-    `micro_batches` (each weighted by its share of the `agg_mode` normaliser)."""
+    `micro_batches` (each weighted by its share of the `agg_mode` normaliser). `param_shardings`: each
+    micro-batch's gradients are constrained to them, so they are reduce-scattered and accumulated sharded
+    like the params instead of whole on every device."""
     m = micro_batches
     total = jnp.maximum(_normaliser(batch["loss_mask"], agg_mode), 1)
 
@@ -188,6 +192,8 @@ def train_step(loss_fn, agg_mode: str, micro_batches: int, optimizer, state: Tra
         (loss, stats), grads = jax.value_and_grad(
             lambda p: jax.tree_util.tree_map(lambda x: x * weight, loss_fn(p, b)), has_aux=True
         )(state.params)
+        if param_shardings is not None:
+            grads = jax.lax.with_sharding_constraint(grads, param_shardings)
         return loss, stats, grads
 
     if m == 1:
@@ -240,8 +246,11 @@ def make_train_step(
     Policy: `make_train_step(policy_loss_fn(config, loss_cfg), loss_cfg.agg_mode, loss_cfg.micro_batches, ...)`;
     critic: `functools.partial(critic_loss, config, clip_eps, agg_mode)` as the loss."""
     s_shard, b_shard = state_shardings(state), batch_shardings(mesh, batch_example)
+    step = functools.partial(
+        train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=s_shard.params
+    )
     jitted = jax.jit(
-        functools.partial(train_step, loss_fn, agg_mode, micro_batches, optimizer),
+        parallel.with_activation_sharding(step, mesh),
         in_shardings=(s_shard, b_shard),
         out_shardings=(s_shard, None),
         donate_argnums=(0,),
@@ -260,7 +269,10 @@ def make_value_fn(config, mesh, critic_params, batch_example: dict):
     shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
     p_shard = jax.tree_util.tree_map(lambda x: x.sharding, critic_params)
     fn = lambda p, tokens, mask: critic_values(config, p, tokens, mask)
-    jitted = jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
+    jitted = jax.jit(
+        parallel.with_activation_sharding(fn, mesh),
+        in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]),
+    )
     return _host_in_out(jitted, shard)
 
 
@@ -270,7 +282,10 @@ def make_logprob_fn(config, mesh, params, batch_example: dict):
     shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
     p_shard = jax.tree_util.tree_map(lambda x: x.sharding, params)
     fn = lambda p, tokens, mask: sequence_logprobs(config, p, tokens, mask)
-    jitted = jax.jit(fn, in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]))
+    jitted = jax.jit(
+        parallel.with_activation_sharding(fn, mesh),
+        in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]),
+    )
     return _host_in_out(jitted, shard)
 
 

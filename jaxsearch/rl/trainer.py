@@ -185,6 +185,7 @@ def make_setup(cfg, mesh, config) -> Setup:
             r.max_segment_tokens,
             sampling,
             chunk_buckets=sampler_lib.default_buckets(r.max_obs_tokens + 512),
+            mesh=mesh,
         )
 
     ep = episode.EpisodeConfig(

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsearch import multihost
+from jaxsearch import multihost, parallel
 from jaxsearch.models import qwen2
 
 MAX_TOKEN_BYTES = 64  # bytes kept per token for stop matching (longer tokens keep their last 64)
@@ -293,14 +293,27 @@ class Sampler:
         sampling: SamplingParams = SamplingParams(),
         prompt_buckets: Sequence[int] | None = None,
         chunk_buckets: Sequence[int] | None = None,
+        mesh: jax.sharding.Mesh | None = None,
     ):
+        """mesh: shard the batch (prompts, KV cache, activations) over its data axes by the logical-axis
+        rules, as the train step does; rows must divide by the data-parallel size, else they are
+        replicated. None: wherever the params are, batch replicated."""
         self.config, self.table, self.cache_len = config, stop_table, cache_len
         self.max_segment, self.sampling = max_segment, sampling
         self.prompt_buckets = tuple(prompt_buckets or default_buckets(cache_len))
         self.chunk_buckets = tuple(chunk_buckets or default_buckets(cache_len))
-        self._prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
-        self._extend = jax.jit(qwen2.extend, static_argnums=(0,), donate_argnums=(2,))
-        self._decode = jax.jit(decode_segment, static_argnums=(0, 5, 6), donate_argnums=(2,))
+        self.mesh = mesh
+        shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
+        self._prefill = jax.jit(shard(qwen2.prefill), static_argnums=(0, 4))
+        self._extend = jax.jit(shard(qwen2.extend), static_argnums=(0,), donate_argnums=(2,))
+        self._decode = jax.jit(shard(decode_segment), static_argnums=(0, 5, 6), donate_argnums=(2,))
+
+    def _rows(self, x: np.ndarray):
+        """Host rows [B, ...] as a global array split over the mesh's data axes (as is without a mesh)."""
+        if self.mesh is None:
+            return x
+        spec = parallel.logical_to_spec(("batch",) + (None,) * (x.ndim - 1), x.shape, self.mesh)
+        return multihost.to_global(x, jax.sharding.NamedSharding(self.mesh, spec))
 
     def compiled_count(self) -> int:
         """Compiled variants of prefill / extend / decode (jax caches them per function, so the count
@@ -311,7 +324,7 @@ class Sampler:
         """Prefill left-padded prompts into a fresh cache. seed: an int or a [B] array of PRNG keys."""
         width = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt")
         ids, mask = _pad_rows(prompts, width, left=True)
-        logits, cache = self._prefill(self.config, params, ids, mask, self.cache_len)
+        logits, cache = self._prefill(self.config, params, self._rows(ids), self._rows(mask), self.cache_len)
         if isinstance(seed, int):
             keys = jax.random.split(jax.random.key(seed), len(prompts))
         else:  # a private copy: the state is donated to the decode loop
@@ -343,7 +356,7 @@ class Sampler:
             raise ValueError(f"rows {too_long} would overflow the cache of {self.cache_len} tokens")
         width = _bucket(longest, self.chunk_buckets, "appended chunk")
         ids, mask = _pad_rows(chunks, width, left=False)
-        logits, cache = self._extend(self.config, params, state.cache, ids, mask)
+        logits, cache = self._extend(self.config, params, state.cache, self._rows(ids), self._rows(mask))
         moved = jnp.asarray(mask.any(axis=1))[:, None]
         return DecodeState(cache=cache, logits=jnp.where(moved, logits, state.logits), keys=state.keys)
 
