@@ -39,7 +39,16 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.protocol = dict(name="search_r1", tags="search_r1")  # tags: EKA's tag set (search_r1 | graph_r1)
     # In-loop retriever; kind: bm25 | dense | remote. EKA's P0 may come from another one (noisy-P0 ablation).
-    c.retriever = dict(kind="remote", corpus="", index="", url="http://127.0.0.1:8000/retrieve", encoder="e5")
+    # split_across_hosts: each process of a multi-host run searches 1/N of the queries and the results are
+    # all-gathered (retrieval/host_split.py); off, every process searches the whole batch itself
+    c.retriever = dict(
+        kind="remote",
+        corpus="",
+        index="",
+        url="http://127.0.0.1:8000/retrieve",
+        encoder="e5",
+        split_across_hosts=False,
+    )
     c.initial_retriever = dict(kind="", corpus="", index="", url="", encoder="")  # kind "": same as above
 
     c.data = dict(

@@ -4,8 +4,8 @@
 
 Two such processes join through `jax.distributed` on 127.0.0.1:PORT into one 8-device mesh (fsdp=4 x
 tensor=2: params, batches and the gradient reduction span both processes) and run `scenario`: EKA episode
-rollouts (sampled and greedy) with an in-memory retriever, one GRPO train step, and both kinds of
-orbax checkpoint into OUT_DIR. Process 0 writes the host results to OUT_DIR/results.npz. The test runs the
+rollouts (sampled and greedy) with an in-memory retriever, retrieval split across the processes, one GRPO
+train step, and both kinds of orbax checkpoint into OUT_DIR. Process 0 writes the host results to OUT_DIR/results.npz. The test runs the
 same `scenario` in its own single process (8 devices) as the reference.
 """
 
@@ -24,6 +24,7 @@ from jaxsearch import checkpoint, multihost, parallel
 from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.base import Doc
+from jaxsearch.retrieval.host_split import HostSplitRetriever
 from jaxsearch.rl import advantages
 from jaxsearch.rl import train_step as ts
 from jaxsearch.rollout import episode
@@ -70,7 +71,8 @@ def init_params(config, mesh):
 
 def episode_case(mesh) -> dict:
     """EKA rollouts of 4 questions (P0 from the retriever, turns that end at their budget, invalid-action hints
-    appended): one sampled at temperature 1, one greedy."""
+    appended): one sampled at temperature 1, one greedy. The sampler shards the rows over the mesh, as the
+    trainer's does, so each process decodes rows whose tokens the other one also needs."""
     protocol = get_protocol("eka")
     retriever = WordOverlapRetriever()
     texts = [d.text for d in DOCS] + QUESTIONS + [protocol.user_prompt("q?", "<knowledge>k</knowledge>")]
@@ -88,11 +90,20 @@ def episode_case(mesh) -> dict:
     cfg = episode.EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
     out = {}
     for name, temperature in (("sampled", 1.0), ("greedy", 0.0)):
-        smp = S.Sampler(config, table, cache_len=512, max_segment=12, sampling=S.SamplingParams(temperature))
+        smp = S.Sampler(
+            config, table, cache_len=512, max_segment=12, sampling=S.SamplingParams(temperature), mesh=mesh
+        )
         traj = episode.run_episodes(smp, params, tok, protocol, retriever, QUESTIONS, cfg, seed=1)
         for key in ("tokens", "loss_mask", "logprobs", "turns"):
             out[f"episode/{name}/{key}"] = getattr(traj, key)
     return out
+
+
+def retrieval_case() -> dict:
+    """Five queries through `HostSplitRetriever` (split 3 + 2 over two processes, results all-gathered)."""
+    queries = QUESTIONS + ["salt and copper"]
+    docs = HostSplitRetriever(WordOverlapRetriever()).search(queries, 2)
+    return {"retrieval/ids": np.array([[d.id for d in row] for row in docs])}
 
 
 def train_case(mesh):
@@ -133,6 +144,7 @@ def scenario(mesh, out_dir: str | None = None):
     """All cases on `mesh`; with `out_dir`, also save the trained state (TrainCheckpointer, step 1) and its
     params (save_params) there. Returns (host results, the trained TrainState)."""
     results = episode_case(mesh)
+    results.update(retrieval_case())
     train, state = train_case(mesh)
     results.update(train)
     if out_dir is not None:

@@ -89,6 +89,10 @@ def test_two_processes_match_one_process(tmp_path):
             np.testing.assert_allclose(multi[key], reference[key], atol=1e-5, err_msg=key)
     assert (reference["episode/sampled/turns"] == 3).all()  # P0, then 3 decode segments with hints between
 
+    # retrieval split across the processes: the same docs, in query order, as one process searching them all
+    np.testing.assert_array_equal(multi["retrieval/ids"], reference["retrieval/ids"])
+    assert reference["retrieval/ids"][4].tolist() == ["d1", "d0"]  # "salt and copper": Orsk's passage first
+
     # the GRPO step: old log-probs, metrics and the updated params
     for key in reference:
         if key.startswith("train/"):

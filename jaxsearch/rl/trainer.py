@@ -28,6 +28,7 @@ from jaxsearch.data import qa
 from jaxsearch.eval import metrics as qa_metrics
 from jaxsearch.models import hf_io, qwen2
 from jaxsearch.retrieval.factory import make_retriever
+from jaxsearch.retrieval.host_split import HostSplitRetriever
 from jaxsearch.rl import advantages as adv_lib
 from jaxsearch.rl import judge as judge_lib
 from jaxsearch.rl import rewards as rewards_lib
@@ -103,7 +104,7 @@ def load_policy(cfg, mesh):
 
 
 def build_retriever(rcfg):
-    return make_retriever(
+    retriever = make_retriever(
         rcfg.kind,
         corpus=rcfg.corpus or None,
         index=rcfg.index or None,
@@ -111,6 +112,7 @@ def build_retriever(rcfg):
         encoder=rcfg.encoder or None,
         progress=False,
     )
+    return HostSplitRetriever(retriever) if rcfg.get("split_across_hosts") else retriever
 
 
 def chat_model(mcfg):
@@ -366,6 +368,8 @@ class MetricWriter:
 def init_distributed(cfg) -> None:
     """Multi-host: explicit coordinator flags, or the environment (TPU pods, SLURM) when num_processes > 1."""
     d = cfg.distributed
+    # CPU devices of several processes talk through gloo (no effect on GPU / TPU collectives)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if d.coordinator:
         jax.distributed.initialize(d.coordinator, d.num_processes, d.process_id)
     elif (
