@@ -102,9 +102,12 @@ def get_config() -> ml_collections.ConfigDict:
     # A synthetic world under WORKDIR/world (size tiny | small; "" = none): it then provides the data,
     # the retriever's corpus and a word-level tokenizer (model.vocab_size = -1 takes its size).
     c.world = dict(size="", seed=0, eval_split="test")
-    c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False, early_stop=0.0)
-    # optional warm start stage. truncate: cut examples longer than max_len instead of leaving them out;
-    # early_stop: share of chain questions whose trace answers after the first search (data/sft.py)
+    # The optional warm start stage. truncate: cut examples longer than max_len instead of leaving them out;
+    # early_stop: how often a chain question's trace answers after the first search (data/sft.py);
+    # questions: the world's first N training questions are SFT's, the rest RL's (0: both use all).
+    c.sft = dict(
+        steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False, early_stop=0.0, questions=0
+    )
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.distributed = dict(coordinator="", num_processes=0, process_id=-1)  # empty: from the environment
     c.lock()

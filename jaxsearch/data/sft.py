@@ -73,6 +73,7 @@ class SFTExample:
     ids: list[int]
     loss_mask: list[int]
     prompt_len: int
+    mistake: SFTExample | None = None  # the same question's early-stop trajectory (`sft_dataset(mistakes=)`)
 
 
 def build_world_tokenizer(world: World, protocol_names: Sequence[str] = PROTOCOL_NAMES) -> WordTokenizer:
@@ -164,6 +165,15 @@ def sft_trajectory(
     return SFTExample(ids, mask, len(prompt))
 
 
+def early_stop_trace(trace: Sequence[Step]) -> list[Step]:
+    """The mistake of an agent that stops searching too early: the first search of `trace`, then an answer with
+    what that search found (the first hop's entity, not the question's answer)."""
+    first = trace[0]
+    if first.action != "search":
+        raise ValueError(f"an early stop needs a trace that starts with a search, got {first.action!r}")
+    return [first, Step("answer", first.found)]
+
+
 def sft_dataset(
     world: World,
     split: str,
@@ -173,21 +183,44 @@ def sft_dataset(
     k: int,
     max_len: int,
     truncate: bool = False,
+    mistakes: bool = False,
+    questions: int = 0,
 ) -> list[SFTExample]:
     """The SFT trajectories of a split's questions, in split order. One longer than `max_len` is left out, or
-    with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, without its EOS)."""
+    with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, without its EOS).
+
+    `mistakes`: each chain question (bridge / compositional, 2-4 hops) carries its `early_stop_trace` trajectory
+    as `mistake`, which `sft_batches(mistake_share=)` draws in place of the ideal one: a start that sometimes
+    stops searching multi-hop questions too early, as base models do, for RL to correct.
+    `questions`: only the split's first N questions (0: all).
+    """
     protocol = get_protocol(protocol_name)
-    examples = world.questions[split]
+    examples = world.questions[split][: questions or None]
     contexts = protocol.initial_context([e.question for e in examples], retriever, k)
     out = []
     for example, context in zip(examples, contexts):
         trace = solution_trace(example, world)
-        sft = sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context)
-        if len(sft.ids) <= max_len:
-            out.append(sft)
-        elif truncate:
-            out.append(SFTExample(sft.ids[:max_len], sft.loss_mask[:max_len], min(sft.prompt_len, max_len)))
+        sft = _fit(
+            sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context), max_len, truncate
+        )
+        if sft is None:
+            continue
+        if mistakes and example.metadata["type"] in ("bridge", "compositional"):
+            early = sft_trajectory(
+                protocol, tokenizer, example, early_stop_trace(trace), retriever, k, context
+            )
+            sft = dataclasses.replace(sft, mistake=_fit(early, max_len, truncate))
+        out.append(sft)
     return out
+
+
+def _fit(sft: SFTExample, max_len: int, truncate: bool) -> SFTExample | None:
+    """The example if it fits `max_len`, else its first `max_len` tokens (`truncate`) or None."""
+    if len(sft.ids) <= max_len:
+        return sft
+    if truncate:
+        return SFTExample(sft.ids[:max_len], sft.loss_mask[:max_len], min(sft.prompt_len, max_len))
+    return None
 
 
 def pad_sft_batch(
@@ -208,10 +241,19 @@ def pad_sft_batch(
 
 
 def sft_batches(
-    examples: Sequence[SFTExample], batch_size: int, max_len: int, seed: int, pad_id: int = 0
+    examples: Sequence[SFTExample],
+    batch_size: int,
+    max_len: int,
+    seed: int,
+    pad_id: int = 0,
+    mistake_share: float = 0.0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Endless padded batches (see `pad_sft_batch`); epoch e visits the examples in the order
-    `np.random.default_rng([seed, e]).permutation`, and batches run across epoch ends."""
+    `np.random.default_rng([seed, e]).permutation`, and batches run across epoch ends.
+
+    `mistake_share`: an example with a `mistake` is replaced by it when its draw from
+    `np.random.default_rng([seed, e, 1]).random(len(examples))` (indexed by the example) is below the share,
+    so each epoch redraws which questions show the mistake."""
     if not examples:
         raise ValueError("sft_batches needs at least one example")
     epoch, order = 0, []
@@ -220,8 +262,13 @@ def sft_batches(
         while len(batch) < batch_size:
             if not order:
                 order = list(np.random.default_rng([seed, epoch]).permutation(len(examples)))
+                draws = np.random.default_rng([seed, epoch, 1]).random(len(examples))
                 epoch += 1
-            batch.append(examples[order.pop(0)])
+            i = order.pop(0)
+            example = examples[i]
+            if example.mistake is not None and draws[i] < mistake_share:
+                example = example.mistake
+            batch.append(example)
         yield pad_sft_batch(batch, max_len, pad_id)
 
 

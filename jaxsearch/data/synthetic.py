@@ -738,3 +738,71 @@ def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAEx
 def _year(value: str) -> int:
     """The year of a value: a year ("1871") or a date ("12 March 1843")."""
     return int(value.split()[-1])
+
+
+# ------------------------------------------------------------------------------------------- a rule-based reader
+
+
+def _pattern(template: str) -> re.Pattern:
+    """A template ("{s} was born in {o}.") as an anchored regex with one lazy group per field."""
+    parts = re.split(r"(\{[a-z]\})", template)
+    body = "".join(f"(?P<{p[1]}>.+?)" if re.fullmatch(r"\{[a-z]\}", p) else re.escape(p) for p in parts)
+    return re.compile(f"^{body}$")
+
+
+def _by_length(pairs: list[tuple[str, str]]) -> list[tuple[str, re.Pattern]]:
+    """(key, pattern) with the templates of most literal text first: "{s} is married to {o}." before
+    "{s} married {o}.", so a longer template wins where a shorter one also matches."""
+    literal = lambda t: len(re.sub(r"\{[a-z]\}", "", t))  # noqa: E731
+    return [(key, _pattern(t)) for key, t in sorted(pairs, key=lambda kt: -literal(kt[1]))]
+
+
+_STATEMENTS = _by_length([(r, t) for r, rel in RELATIONS.items() for t in rel.statements])
+_QUESTIONS = _by_length([(r, t) for r, rel in RELATIONS.items() for t in rel.questions])
+_ORDER = _by_length(
+    [((r, first), t) for r, both in ORDER_COMPARISONS.items() for first in (0, 1) for t in both[first]]
+)
+_SAME = _by_length([(r, t) for r, templates in SAME_COMPARISONS.items() for t in templates])
+
+
+def read_facts(text: str) -> list[tuple[str, str, str]]:
+    """(subject, relation, object) of each sentence of `text` that one of the world's statement templates
+    words, in text order; other sentences are skipped."""
+    facts = []
+    for sentence in re.split(r"(?<=\.)\s+", text.strip()):
+        for relation, pattern in _STATEMENTS:
+            match = pattern.match(sentence.strip())
+            if match:
+                facts.append((match["s"], relation, match["o"]))
+                break
+    return facts
+
+
+def read_answer(question: str, evidence: str) -> str:
+    """The answer a reader that knows only the world's templates gives from `evidence` alone ("" if none).
+
+    A chain question asks for its outermost relation: the object of the last evidence fact of that relation.
+    A comparison needs both subjects' facts of its relation: the earlier / later one, or yes / no.
+    This stands in for R-Search's frozen evidence answerer on the synthetic world.
+    """
+    facts = read_facts(evidence)
+    value = {(s, r): o for s, r, o in facts}
+    question = question.strip()
+    for (relation, first), pattern in _ORDER:
+        if match := pattern.match(question):
+            a, b = match["a"], match["b"]
+            if (a, relation) not in value or (b, relation) not in value:
+                return ""
+            ya, yb = _year(value[a, relation]), _year(value[b, relation])
+            return "" if ya == yb else (a if (ya < yb) == (first == 0) else b)
+    for relation, pattern in _SAME:
+        if match := pattern.match(question):
+            a, b = match["a"], match["b"]
+            if (a, relation) not in value or (b, relation) not in value:
+                return ""
+            return "yes" if value[a, relation] == value[b, relation] else "no"
+    for relation, pattern in _QUESTIONS:
+        if pattern.match(question):
+            found = [o for _, r, o in facts if r == relation]
+            return found[-1] if found else ""
+    return ""

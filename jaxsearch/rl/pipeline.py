@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import ml_collections
@@ -31,7 +32,9 @@ def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
         sft_data.build_world_tokenizer(world).save(os.path.join(world_dir, "tokenizer.json"))
     cfg = ml_collections.ConfigDict(cfg.to_dict())  # an unlocked copy to fill in
     cfg.data.train = os.path.join(world_dir, "train.jsonl")
-    cfg.data.eval = {"synthetic": os.path.join(world_dir, cfg.world.eval_split + ".jsonl")}
+    if cfg.sft.steps and cfg.sft.questions:  # SFT takes the first questions, RL the rest
+        cfg.data.train = rl_train_file(world_dir, cfg.sft.questions)
+    cfg.data.eval = {"synthetic": held_out_file(world_dir, cfg.world.eval_split)}
     cfg.retriever.corpus = os.path.join(world_dir, "corpus.jsonl")
     if cfg.initial_retriever.kind and not cfg.initial_retriever.corpus:
         cfg.initial_retriever.corpus = cfg.retriever.corpus
@@ -40,6 +43,39 @@ def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
         cfg.model.vocab_size = trainer.load_tokenizer(cfg).vocab_size
     cfg.lock()
     return cfg
+
+
+def rl_train_file(world_dir: str, sft_questions: int) -> str:
+    """`train_rl.jsonl`: the training questions after the first `sft_questions` (those are SFT's)."""
+    from jaxsearch.data import qa
+
+    rows = qa.load_examples(os.path.join(world_dir, "train.jsonl"))
+    if not 0 < sft_questions < len(rows):
+        raise ValueError(
+            f"config.sft.questions={sft_questions}: expected 1..{len(rows) - 1} of the training questions"
+        )
+    path = os.path.join(world_dir, f"train_rl_{sft_questions}.jsonl")
+    if not os.path.exists(path):
+        qa.write_jsonl(rows[sft_questions:], path + ".tmp")
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def held_out_file(world_dir: str, eval_split: str) -> str:
+    """The held-out questions' file: a split ("test") or splits joined by "+" ("dev+test", written once as
+    `dev+test.jsonl`: the splits' rows in that order)."""
+    from jaxsearch.data import qa
+
+    splits = eval_split.split("+")
+    unknown = [s for s in splits if s not in ("train", "dev", "test")]
+    if unknown:
+        raise ValueError(f"config.world.eval_split={eval_split!r}: unknown split {unknown[0]!r}")
+    path = os.path.join(world_dir, eval_split + ".jsonl")
+    if len(splits) > 1 and not os.path.exists(path):
+        rows = [e for s in splits for e in qa.load_examples(os.path.join(world_dir, s + ".jsonl"))]
+        qa.write_jsonl(rows, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    return path
 
 
 def run_sft(cfg, workdir: str, progress: bool = True) -> str:
@@ -66,8 +102,12 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         cfg.rollout.retrieval_k,
         cfg.sft.max_len,
         truncate=cfg.sft.truncate,
+        mistakes=cfg.sft.early_stop > 0,
+        questions=cfg.sft.questions,
     )
-    batches = sft_data.sft_batches(examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id)
+    batches = sft_data.sft_batches(
+        examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id, cfg.sft.early_stop
+    )
     config = trainer.model_config(cfg)
     params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
     params, losses = sft_lib.sft_train(
@@ -108,3 +148,37 @@ def eval_summary(metrics_path: str) -> str:
             f"{last[key]:.3f} at step {last['step']}"
         )
     return "\n".join(lines)
+
+
+class WorldChatModel:
+    """A rule-based chat model for the synthetic world (config `kind: world`), behind both model-backed rewards.
+
+    - SOAR's fabrication judge (a prompt that starts with `rewards.FABRICATION_JUDGE_PROMPT`): grounded when
+      the trajectory's answer occurs in one of its `<information>` blocks, i.e. it was read, not invented.
+    - R-Search's evidence answerer (any other prompt, R-Search's evidence template): `synthetic.read_answer`
+      on the passages and question of the prompt, a reader that knows only the world's sentence templates.
+    """
+
+    def chat(self, batch: list[list[dict]], max_tokens: int, temperature: float) -> list[str]:
+        return [self.reply(messages[-1]["content"]) for messages in batch]
+
+    @staticmethod
+    def reply(prompt: str) -> str:
+        from jaxsearch.data import synthetic
+        from jaxsearch.eval.metrics import answer_in_text
+        from jaxsearch.rl import rewards
+
+        if prompt.startswith(rewards.FABRICATION_JUDGE_PROMPT):
+            response = prompt.split("\n\nModel reasoning:\n", 1)[-1]
+            answer = rewards.extract_answer(response)
+            grounded = bool(answer) and any(
+                answer_in_text(o, [answer]) for o in rewards.observations(response)
+            )
+            reason = (
+                "the answer is in the retrieved information" if grounded else "the answer is not retrieved"
+            )
+            return json.dumps({"reason": reason, "grounded": grounded})
+        passages = re.search(r"given passages:\n(.*)\n\nQuestion: (.*)\nAnswer:", prompt, re.DOTALL)
+        if passages is None:
+            return ""
+        return synthetic.read_answer(passages[2], passages[1])

@@ -127,7 +127,11 @@ def chat_model(mcfg):
             cache_len=mcfg.cache_len,
             max_new_tokens=mcfg.max_new_tokens,
         )
-    raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai' or 'local'")
+    if mcfg.kind == "world":  # the synthetic world's rule-based judge and evidence reader
+        from jaxsearch.rl.pipeline import WorldChatModel
+
+        return WorldChatModel()
+    raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai', 'local' or 'world'")
 
 
 def build_reward_fn(cfg):
@@ -296,6 +300,12 @@ def rollout_stats(traj: episode.Trajectories, examples) -> dict:
         "truncated_ratio": float(traj.truncated.mean()),
         "entropy": float((traj.entropy * traj.loss_mask).sum() / max(traj.loss_mask.sum(), 1)),
     }
+    gold = [
+        (set(ex.supporting_ids or ()), {d for ids in found for d in ids})
+        for ex, found in zip(examples, traj.doc_ids)
+    ]
+    if any(g for g, _ in gold):  # retrieval recall: share of the supporting passages a search returned
+        stats["recall"] = float(np.mean([len(g & found) / len(g) for g, found in gold if g]))
     for name, sid in segments.SEGMENT_IDS.items():
         sel = (traj.segment_ids == sid) & (traj.loss_mask == 1)
         if sel.any():
