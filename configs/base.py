@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
         remat=True,
         logprob_chunk=512,
         attention_chunk=512,  # query chunk of the training forward's attention (0: dense)
+        scan_layers=False,  # training passes scan the layers (the 7B/14B configs: bounds fsdp gathers)
         vocab_size=0,
         hidden_size=0,
         intermediate_size=0,
@@ -103,11 +104,11 @@ def get_config() -> ml_collections.ConfigDict:
     # the retriever's corpus and a word-level tokenizer (model.vocab_size = -1 takes its size).
     c.world = dict(size="", seed=0, eval_split="test")
     # The optional warm start stage. truncate: cut examples longer than max_len instead of leaving them out;
-    # early_stop: how often a chain question's trace answers after the first search (data/sft.py);
-    # questions: the world's first N training questions are SFT's, the rest RL's (0: both use all).
-    c.sft = dict(
-        steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False, early_stop=0.0, questions=0
-    )
+    # mistake ("" | early_stop | no_search): a base model's error that replaces a question's ideal trace in
+    # mistake_share of its draws (data/sft.py); questions: the world's first N training questions are SFT's,
+    # the rest RL's (0: both use all).
+    c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False)
+    c.sft.update(dict(mistake="", mistake_share=0.0, questions=0))
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.distributed = dict(coordinator="", num_processes=0, process_id=-1)  # empty: from the environment
     c.lock()

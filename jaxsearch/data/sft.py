@@ -73,7 +73,7 @@ class SFTExample:
     ids: list[int]
     loss_mask: list[int]
     prompt_len: int
-    mistake: SFTExample | None = None  # the same question's early-stop trajectory (`sft_dataset(mistakes=)`)
+    mistake: SFTExample | None = None  # a mistaken trajectory of the same question (`sft_dataset(mistake=)`)
 
 
 def build_world_tokenizer(world: World, protocol_names: Sequence[str] = PROTOCOL_NAMES) -> WordTokenizer:
@@ -174,6 +174,14 @@ def early_stop_trace(trace: Sequence[Step]) -> list[Step]:
     return [first, Step("answer", first.found)]
 
 
+def no_search_trace(guess: str) -> list[Step]:
+    """The mistake of an agent that answers from its own (here: no) knowledge without searching: `guess`."""
+    return [Step("answer", guess)]
+
+
+MISTAKES = ("early_stop", "no_search")
+
+
 def sft_dataset(
     world: World,
     split: str,
@@ -183,33 +191,42 @@ def sft_dataset(
     k: int,
     max_len: int,
     truncate: bool = False,
-    mistakes: bool = False,
+    mistake: str = "",
     questions: int = 0,
 ) -> list[SFTExample]:
     """The SFT trajectories of a split's questions, in split order. One longer than `max_len` is left out, or
     with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, without its EOS).
 
-    `mistakes`: each chain question (bridge / compositional, 2-4 hops) carries its `early_stop_trace` trajectory
-    as `mistake`, which `sft_batches(mistake_share=)` draws in place of the ideal one: a start that sometimes
-    stops searching multi-hop questions too early, as base models do, for RL to correct.
+    `mistake`: the examples carry a mistaken trajectory of their question as `mistake`, which
+    `sft_batches(mistake_share=)` draws in place of the ideal one, so the start sometimes errs as base models
+    do, for RL to correct. "early_stop": each chain question (bridge / compositional, 2-4 hops) stops after its
+    first search (`early_stop_trace`); "no_search": every question is answered without a search, with the
+    first golden answer of another question of the split (`no_search_trace`; question i takes question
+    `(i + 1 + default_rng([i]).integers(n - 1)) % n`'s).
     `questions`: only the split's first N questions (0: all).
     """
+    if mistake not in ("", *MISTAKES):
+        raise ValueError(f"unknown SFT mistake {mistake!r}; known: {MISTAKES}")
     protocol = get_protocol(protocol_name)
     examples = world.questions[split][: questions or None]
     contexts = protocol.initial_context([e.question for e in examples], retriever, k)
     out = []
-    for example, context in zip(examples, contexts):
+    for i, (example, context) in enumerate(zip(examples, contexts)):
         trace = solution_trace(example, world)
         sft = _fit(
             sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context), max_len, truncate
         )
         if sft is None:
             continue
-        if mistakes and example.metadata["type"] in ("bridge", "compositional"):
-            early = sft_trajectory(
-                protocol, tokenizer, example, early_stop_trace(trace), retriever, k, context
-            )
-            sft = dataclasses.replace(sft, mistake=_fit(early, max_len, truncate))
+        wrong = None
+        if mistake == "early_stop" and example.metadata["type"] in ("bridge", "compositional"):
+            wrong = early_stop_trace(trace)
+        elif mistake == "no_search":
+            other = (i + 1 + int(np.random.default_rng([i]).integers(len(examples) - 1))) % len(examples)
+            wrong = no_search_trace(examples[other].golden_answers[0])
+        if wrong is not None:
+            wrong_sft = sft_trajectory(protocol, tokenizer, example, wrong, retriever, k, context)
+            sft = dataclasses.replace(sft, mistake=_fit(wrong_sft, max_len, truncate))
         out.append(sft)
     return out
 

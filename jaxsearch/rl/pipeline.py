@@ -102,11 +102,11 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         cfg.rollout.retrieval_k,
         cfg.sft.max_len,
         truncate=cfg.sft.truncate,
-        mistakes=cfg.sft.early_stop > 0,
+        mistake=cfg.sft.mistake,
         questions=cfg.sft.questions,
     )
     batches = sft_data.sft_batches(
-        examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id, cfg.sft.early_stop
+        examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id, cfg.sft.mistake_share
     )
     config = trainer.model_config(cfg)
     params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
