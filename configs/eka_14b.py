@@ -1,5 +1,5 @@
 """EKA on Qwen2.5-14B-Instruct (same recipe as eka_7b): params and optimizer sharded over fsdp, layer remat,
-more micro-batches. Target: a v5p-64 slice or 2 x 8 H100 80GB.
+more micro-batches. Target: a v5p-64 slice (32 chips) or 2 x 8 H100 80GB.
 
     python launch/train.py --config configs/eka_14b.py --config.model.hf_path=/ckpt/Qwen2.5-14B-Instruct
 """
@@ -10,5 +10,5 @@ from configs import eka_7b
 def get_config():
     c = eka_7b.get_config()
     c.model.update(dict(hf_path="checkpoints/Qwen2.5-14B-Instruct", preset="qwen2.5-14b"))
-    c.algo.micro_batches = 32
+    c.algo.micro_batches = 40  # 32-row micro-batches: divisible by 16 and 32 data-parallel devices
     return c

@@ -2,7 +2,8 @@
 
 Published setting (Search-R1's train_grpo.sh): lr 1e-6, warmup ratio 0.285, 1005 steps, 512 prompts x 5
 samples, KL 0.001 (low_var_kl), clip 0.2, 4 turns, top-3 passages, 500-token responses and observations.
-Target: one v5p-64 pod slice or 8 x H100 80GB (see launch/plan.py once it lands, and README).
+Target: one v5p-64 pod slice (32 chips) or 8 x H100 80GB: `python launch/plan.py --backend tpu --config ...`
+(README, "Memory plans").
 
     python launch/serve_retriever.py --corpus wiki-18.jsonl --retriever dense --index indexes/e5_flat --port 8000
     python launch/train.py --config configs/search_r1_7b.py --config.model.hf_path=/ckpt/Qwen2.5-7B
@@ -14,6 +15,11 @@ from configs import base
 def get_config():
     c = base.get_config()
     c.model.hf_path = "checkpoints/Qwen2.5-7B"
+    c.model.scan_layers = True  # each layer's fsdp-gathered weights live for one scan iteration
+    # 1280-row mini-batches in 20 micro-batches of 64 rows: divisible by 8, 16, 32 and 64 data-parallel devices
+    c.algo.micro_batches = 20
+    # the rollout decodes 512 of the 2560 rows at a time: a 120 GB KV cache in all instead of 601 GB
+    c.rollout.micro_batch = 512
     c.protocol.name = "search_r1"
     c.data.train = "data/nq_hotpotqa_train/train.parquet"
     c.data.eval = {

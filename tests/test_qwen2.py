@@ -182,6 +182,27 @@ def test_chunked_attention_matches_transformers_and_dense_gradients(tiny):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_scanned_layers_equal_the_unrolled_loop(tiny, remat):
+    """Layers in a lax.scan over stacked params: the same logits (and transformers'), the same gradients
+    for every per-layer param."""
+    _, model, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [9, 4, 9], seed=8)
+    scanned = config.replace(scan_layers=True, remat=remat)
+    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(scanned, params, ids, mask))
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(ours[valid], hf_logits(model, ids, mask)[valid], atol=1e-4)
+
+    def loss(p, cfg):
+        return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
+
+    g = jax.grad(loss)(params, config)
+    g_scan = jax.grad(loss)(params, scanned)
+    assert jax.tree_util.tree_structure(g) == jax.tree_util.tree_structure(g_scan)
+    for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_scan)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_activation_constraints_shard_the_layers_along_the_batch():
     """Under `parallel.activation_sharding` the MLP activation [B, T, F] is constrained to the rules'
     spec (batch over data x fsdp, mlp over tensor), the output equals the unconstrained one, and outside

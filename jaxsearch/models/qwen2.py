@@ -70,6 +70,8 @@ class Qwen2Config:
     logprob_chunk: int = 256  # sequence chunk of `token_logprobs` (bounds the [B, chunk, V] temporary)
     attention_chunk: int = 0  # > 0: queries in chunks of this many, each rematerialised (bounds the
     #                           [B, H, chunk, S] scores of a long training forward); 0: dense
+    scan_layers: bool = False  # cache-free passes run the layers in a lax.scan over stacked params: each
+    #                            layer's gathered (fsdp) weights and gradients live for one iteration only
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -383,14 +385,21 @@ class Qwen2(nn.Module):
 
     def __call__(self, input_ids, positions, mask, kv_writes):
         """input_ids, positions [B, T]; mask [B, T, S]; kv_writes: one callable per layer."""
-        x = jnp.take(self.embedding, input_ids, axis=0).astype(self.config.compute_dtype)
-        x = _constrain(x, ("batch", "length", "embed"))
+        x = self.embed(input_ids)
         cos, sin = rope_tables(self.config, positions)
         new_kvs = []
         for layer, kv_write in zip(self.layers, kv_writes):
             x, new_kv = layer(x, cos, sin, mask, kv_write)
             new_kvs.append(new_kv)
         return self.final_norm(x), new_kvs
+
+    def embed(self, input_ids):
+        """input_ids [B, T] -> embeddings [B, T, E] in the compute dtype."""
+        x = jnp.take(self.embedding, input_ids, axis=0).astype(self.config.compute_dtype)
+        return _constrain(x, ("batch", "length", "embed"))
+
+    def final(self, x):
+        return self.final_norm(x)
 
     def logits(self, hidden):
         """hidden [..., E] -> logits [..., V] in fp32."""
@@ -447,11 +456,37 @@ def hidden_states(config: Qwen2Config, params: Params, input_ids, attention_mask
     t = input_ids.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))
     mask = causal[None] & attention_mask[:, None, :]
-    writes = [lambda k, v: (k, v, None)] * config.num_hidden_layers
-    hidden, _ = Qwen2(config).apply(
-        {"params": params}, input_ids, positions_from_mask(attention_mask), mask, writes
-    )
+    positions = positions_from_mask(attention_mask)
+    if config.scan_layers:
+        return _scanned_hidden_states(config, params, input_ids, positions, mask)
+    writes = [_no_cache] * config.num_hidden_layers
+    hidden, _ = Qwen2(config).apply({"params": params}, input_ids, positions, mask, writes)
     return hidden
+
+
+def _no_cache(k, v):
+    return k, v, None
+
+
+def _scanned_hidden_states(config: Qwen2Config, params: Params, input_ids, positions, mask):
+    """`hidden_states` with the layers in a `lax.scan` over their stacked params [L, ...] (same math).
+
+    Unrolled, XLA may keep every layer's all-gathered weights and whole gradients alive at once (measured on
+    the TPU compiler: about four fp32 copies of a layer's weights per layer); inside a scan they are
+    gathered, used and reduce-scattered per iteration."""
+    model, layer = Qwen2(config), DecoderLayer(config)
+    x = model.apply({"params": params}, input_ids, method=Qwen2.embed)
+    cos, sin = rope_tables(config, positions)
+
+    def body(h, layer_params):
+        return layer.apply({"params": layer_params}, h, cos, sin, mask, _no_cache)[0], None
+
+    if config.remat:
+        body = jax.checkpoint(body)
+    layers = [params[f"layers_{i}"] for i in range(config.num_hidden_layers)]
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+    x, _ = jax.lax.scan(body, x, stacked)
+    return model.apply({"params": params}, x, method=Qwen2.final)
 
 
 def forward(config: Qwen2Config, params: Params, input_ids, attention_mask=None):

@@ -187,14 +187,17 @@ def train_step(
     m = micro_batches
     total = jnp.maximum(_normaliser(batch["loss_mask"], agg_mode), 1)
 
+    def like_params(grads):
+        if param_shardings is None:
+            return grads
+        return jax.lax.with_sharding_constraint(grads, param_shardings)
+
     def micro(b):
         weight = _normaliser(b["loss_mask"], agg_mode) / total
         (loss, stats), grads = jax.value_and_grad(
             lambda p: jax.tree_util.tree_map(lambda x: x * weight, loss_fn(p, b)), has_aux=True
         )(state.params)
-        if param_shardings is not None:
-            grads = jax.lax.with_sharding_constraint(grads, param_shardings)
-        return loss, stats, grads
+        return loss, stats, like_params(grads)
 
     if m == 1:
         loss, stats, grads = micro(batch)
@@ -206,12 +209,15 @@ def train_step(
         )
 
         def body(acc, b):
-            out = micro(b)
-            return jax.tree_util.tree_map(jnp.add, acc, out), None
+            loss, stats, grads = jax.tree_util.tree_map(jnp.add, acc, micro(b))
+            return (loss, stats, like_params(grads)), None
 
-        zeros = jax.tree_util.tree_map(
+        # the accumulator starts (and stays) sharded like the params: left to propagation, a zeros carry
+        # can come out replicated, i.e. a whole fp32 gradient on every device
+        loss0, stats0, grads0 = jax.tree_util.tree_map(
             jnp.zeros_like, jax.eval_shape(micro, jax.tree_util.tree_map(lambda x: x[0], split))
         )
+        zeros = (loss0, stats0, like_params(grads0))
         (loss, stats, grads), _ = jax.lax.scan(body, zeros, split)
 
     grad_norm = optax.tree.norm(grads)

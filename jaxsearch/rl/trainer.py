@@ -64,6 +64,7 @@ def model_config(cfg) -> qwen2.Qwen2Config:
         remat=m.remat,
         logprob_chunk=m.logprob_chunk,
         attention_chunk=m.attention_chunk,
+        scan_layers=m.scan_layers,
     )
     if m.vocab_size:
         return qwen2.Qwen2Config(
@@ -82,7 +83,12 @@ def model_config(cfg) -> qwen2.Qwen2Config:
 def load_policy(cfg, mesh):
     """(model config, params placed on the mesh): from hf_path, orbax_path, or a seeded random init."""
     m = cfg.model
-    overrides = dict(remat=m.remat, logprob_chunk=m.logprob_chunk, attention_chunk=m.attention_chunk)
+    overrides = dict(
+        remat=m.remat,
+        logprob_chunk=m.logprob_chunk,
+        attention_chunk=m.attention_chunk,
+        scan_layers=m.scan_layers,
+    )
     if m.hf_path or m.orbax_path:
         # shardings need only the shapes in config.json: read each checkpoint once, onto its devices
         path = m.hf_path or m.orbax_path
