@@ -44,6 +44,8 @@ flags.DEFINE_string("target", "h100-80gb", "h100-80gb | v5p-95gb | h200-141gb | 
 flags.DEFINE_float("headroom", 0.1, "fraction of the target's memory kept free")
 flags.DEFINE_bool("json", False, "print the plan as JSON")
 flags.DEFINE_enum("backend", "cpu", ["cpu", "tpu"], "compile for fake CPU devices or abstract TPU v5p chips")
+flags.DEFINE_enum("estimate", "", ["", "v5p", "h100"], "also print a step-time estimate on this hardware")
+flags.DEFINE_bool("estimate_only", False, "print only the step-time estimate (no compilation)")
 
 
 def main(argv):
@@ -56,8 +58,20 @@ def main(argv):
     if cfg is None:
         raise app.UsageError("--config is required, e.g. --config configs/eka_7b.py")
     shape = plan.parse_mesh(flags.FLAGS.mesh)
+    estimate = None
+    if flags.FLAGS.estimate:
+        estimate = plan.step_time_estimate(cfg, plan.mesh_size(shape), flags.FLAGS.estimate)
+    if flags.FLAGS.estimate_only:
+        if estimate is None:
+            raise app.UsageError("--estimate_only needs --estimate v5p or h100")
+        print(json.dumps(estimate, indent=1) if flags.FLAGS.json else plan.format_estimate(estimate))
+        return
     result = plan.plan(cfg, shape, flags.FLAGS.target, flags.FLAGS.headroom, flags.FLAGS.backend)
+    if estimate is not None:
+        result["estimate"] = estimate
     print(json.dumps(result, indent=1) if flags.FLAGS.json else plan.format_report(result))
+    if estimate is not None and not flags.FLAGS.json:
+        print(plan.format_estimate(estimate))
 
 
 if __name__ == "__main__":

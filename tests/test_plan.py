@@ -85,3 +85,40 @@ def test_largest_arrays_parses_hlo_shapes():
     hlo = "%a = f32[8,1024]{1,0} add(...), %b = bf16[2,3]{1,0} ..., %c = s32[] ..., %d = pred[4096,4096]"
     top = plan.largest_arrays(hlo, 2)
     assert top == [("pred[4096,4096]", 4096 * 4096), ("f32[8,1024]", 8 * 1024 * 4)]
+
+
+def test_tpu_backend_names_v5p_slices_and_reads_the_compilers_refusal():
+    """--backend tpu: chips -> the v5p torus of that slice; a program over HBM is reported with the
+    compiler's own figure for its temporaries (GiB) instead of crashing the plan."""
+    from jaxsearch import plan
+
+    assert plan.V5P_TOPOLOGIES[8] == "2x2x2" and plan.V5P_TOPOLOGIES[32] == "2x4x4"
+    for n, topo in plan.V5P_TOPOLOGIES.items():
+        x, y, z = (int(d) for d in topo.split("x"))
+        assert x * y * z == n
+    with pytest.raises(ValueError, match="not a v5p slice"):
+        plan.plan_devices(12, "tpu")
+    with pytest.raises(ValueError, match="backend"):
+        plan.plan_devices(8, "gpu")
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+        "(102.33G) exceeds available HBM (95.74G)."
+    )
+    assert float(plan._HBM_NEED.search(message).group(1)) == 102.33
+
+
+def test_step_time_estimate_of_eka_7b_on_v5p_by_hand():
+    """eka_7b on 32 v5p chips, computed by hand: N = 7,615,616,512 (Qwen2.5-7B), 512 x 5 rows x 2048
+    tokens; 12 N T FLOPs (fwd + bwd + remat fwd + old-policy and reference passes) at 40% of 32 x 459
+    TFLOP/s; a decode step all-gathers 2N bf16 bytes x 31/32 at 600 GB/s; 5 rollout micro-batches of 512
+    rows x 4 turns x 500 tokens."""
+    from configs import eka_7b
+    from jaxsearch import plan
+
+    e = plan.step_time_estimate(eka_7b.get_config(), 32, "v5p")
+    n, tokens = 7_615_616_512, 512 * 5 * 2048
+    assert e["update_tflop"] == pytest.approx(12 * n * tokens / 1e12)
+    assert e["update_s"] == pytest.approx(12 * n * tokens / (32 * 459e12 * 0.4))
+    assert e["decode_bound"] == "all-gather"
+    assert e["decode_step_ms"] == pytest.approx(2 * n * 31 / 32 / 600e9 * 1e3)
+    assert e["rollout_s"] == pytest.approx(5 * 2000 * 2 * n * 31 / 32 / 600e9)
