@@ -1,0 +1,136 @@
+"""The main job on the tiny world over seeds: held-out EM / F1 at GRPO's first and last step, and the last
+evaluation's behaviour (turns, searches, entropy of think / search / answer tokens, retrieval recall,
+fabrication rate), as mean ± std over seeds, one table row per config.
+
+    python bench/tiny_world.py --configs configs/tiny_cpu.py --seeds 0 1 2
+    python bench/tiny_world.py --configs configs/tiny_cpu_eka.py configs/tiny_cpu_soar.py --seeds 0
+    python bench/tiny_world.py --configs configs/tiny_cpu.py --seeds 0 1 2 --no-run   # table only
+
+Each run is `python launch/train.py --config CONFIG --config.seed=S --workdir OUT/NAME/seedS` (the world is
+the config's, the same for every seed; the seed sets the init, the SFT order and the RL sampling). A run whose
+workdir already holds a finished job is not redone. The table goes to stdout and to OUT/table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLUMNS = (  # (header, metric under eval/synthetic/, at the first evaluation too)
+    ("EM", "em", True),
+    ("F1", "f1", True),
+    ("turns", "turns", False),
+    ("searches", "searches", False),
+    ("H think", "entropy/think", False),
+    ("H search", "entropy/search", False),
+    ("H answer", "entropy/answer", False),
+    ("recall", "recall", False),
+    ("fabrication", "fabrication_rate", False),
+)
+
+
+def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
+    """One main job (skipped when its metrics show the last step); returns its wall seconds (nan if skipped)."""
+    if finished(workdir):
+        return float("nan")
+    cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--config={config}"]
+    cmd += [f"--config.seed={seed}", f"--workdir={workdir}", "--progress=false", *extra]
+    print(" ".join(cmd[1:]), flush=True)
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    seconds = time.perf_counter() - start
+    with open(os.path.join(workdir, "wall_s.json"), "w") as f:
+        json.dump({"wall_s": seconds}, f)
+    return seconds
+
+
+def finished(workdir: str) -> bool:
+    rows = evaluations(workdir)
+    return len(rows) >= 2 and os.path.exists(os.path.join(workdir, "grpo", "checkpoints"))
+
+
+def evaluations(workdir: str) -> list[dict]:
+    """The RL stage's rows that hold an evaluation, in step order."""
+    path = os.path.join(workdir, "grpo", "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if any(k.startswith("eval/") for k in r)]
+
+
+def mean_std(values: list[float], digits: int = 3) -> str:
+    values = [v for v in values if v == v]  # drop nan
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def row(name: str, workdirs: list[str]) -> str:
+    """One table row: before -> after for EM / F1, the last evaluation for the rest, wall minutes."""
+    firsts, lasts = [], []
+    for w in workdirs:
+        evals = evaluations(w)
+        firsts.append(evals[0])
+        lasts.append(evals[-1])
+    cells = [name, str(len(workdirs)), str(lasts[0]["step"])]
+    for _, key, before in COLUMNS:
+        key = f"eval/synthetic/{key}"
+        after = mean_std([r.get(key, float("nan")) for r in lasts])
+        cells.append(
+            f"{mean_std([r.get(key, float('nan')) for r in firsts])} -> {after}" if before else after
+        )
+    gains = [b["eval/synthetic/em"] - a["eval/synthetic/em"] for a, b in zip(firsts, lasts)]
+    cells.append(mean_std(gains))
+    walls = []
+    for w in workdirs:
+        path = os.path.join(w, "wall_s.json")
+        walls.append(json.load(open(path))["wall_s"] / 60 if os.path.exists(path) else float("nan"))
+    cells.append(mean_std(walls, 1))
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(rows: list[str]) -> str:
+    headers = ["config", "seeds", "steps"]
+    headers += [f"{h} before -> after" if before else h for h, _, before in COLUMNS]
+    headers += ["EM gain", "wall min"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", nargs="+", default=["configs/tiny_cpu.py"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--out", default="runs/tiny_world", help="workdirs OUT/NAME/seedS and OUT/table.md")
+    parser.add_argument("--no-run", action="store_true", help="only tabulate the runs already there")
+    parser.add_argument("overrides", nargs="*", help="extra --config.key=value flags for every run")
+    args = parser.parse_args(argv)
+    rows = []
+    for config in args.configs:
+        name = os.path.splitext(os.path.basename(config))[0]
+        workdirs = [os.path.join(args.out, name, f"seed{s}") for s in args.seeds]
+        if not args.no_run:
+            for seed, workdir in zip(args.seeds, workdirs):
+                run(config, seed, workdir, args.overrides)
+        done = [w for w in workdirs if len(evaluations(w)) >= 2]
+        if done:
+            rows.append(row(name, done))
+    text = table(rows)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

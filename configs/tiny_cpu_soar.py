@@ -1,0 +1,16 @@
+"""SOAR (seed 001) on the tiny world: an internal-knowledge stream (the policy lists facts from its own
+knowledge) beside retrieval, a declared `<information_source>`, EM + 0.2 source-consistency reward as in
+configs/soar_7b.py; the fabrication judge is tiny_cpu's rule-based one (`pipeline.WorldChatModel`).
+
+    python launch/train.py --config configs/tiny_cpu_soar.py
+"""
+
+from configs import tiny_cpu
+
+
+def get_config():
+    c = tiny_cpu.get_config()
+    c.protocol.name = "soar"
+    c.rollout.internal_k = 3
+    c.reward.terms = (("em", 1.0), ("source_consistency", 0.2))
+    return c

@@ -1,0 +1,203 @@
+"""The tiny-world configs: each builds and runs a shortened main job; the SFT data options (early stop, SFT
+questions), the dev+test held-out file, and the world's rule-based judge and evidence reader on hand cases."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxsearch.data import qa
+from jaxsearch.data.sft import early_stop_trace, sft_dataset
+from jaxsearch.data.synthetic import generate_world, read_answer, read_facts, solution_trace, world_config
+from jaxsearch.rl import pipeline, rewards
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "launch", "train.py")
+SHORT = [  # 10 SFT steps, 2 RL steps of 2 x 2 rows, 4 held-out questions at steps 0 and 2, a 1-layer model
+    "--progress=false",
+    "--config.total_steps=2",
+    "--config.eval_every=2",
+    "--config.save_every=2",
+    "--config.sft.steps=10",
+    "--config.data.batch_size=2",
+    "--config.data.group_size=2",
+    "--config.data.eval_examples=4",
+    "--config.rollout.max_turns=2",
+    "--config.rollout.max_segment_tokens=24",
+    "--config.model.hidden_size=32",  # a smaller model: the test is about the config's wiring, not its size
+    "--config.model.intermediate_size=64",
+    "--config.model.num_hidden_layers=1",
+]
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(world_config("tiny", seed=0))
+
+
+@pytest.mark.parametrize(
+    "name", ["tiny_cpu", "tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch", "tiny_cpu_ppo"]
+)
+def test_tiny_config_runs_a_shortened_main_job(name, tmp_path):
+    workdir = str(tmp_path / name)
+    config = os.path.join(ROOT, "configs", f"{name}.py")
+    extra = ["--config.data.batch_size=4", "--config.data.group_size=1"] if name == "tiny_cpu_ppo" else []
+    env = dict(os.environ, XLA_FLAGS="")  # one CPU device: the config's own mesh
+    done = subprocess.run(
+        [sys.executable, TRAIN, f"--config={config}", f"--workdir={workdir}", *SHORT, *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "eval/synthetic/em:" in done.stdout and "at step 0 ->" in done.stdout
+    assert os.path.exists(os.path.join(workdir, "sft", "params", "config.json"))
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "grpo", "metrics.jsonl"))]
+    evals = [r for r in rows if "eval/synthetic/em" in r]
+    assert [r["step"] for r in evals] == [0, 2]
+    last = evals[-1]
+    assert 0 <= last["eval/synthetic/recall"] <= 1
+    assert 0 <= last["eval/synthetic/fabrication_rate"] <= 1  # tiny_cpu's rule-based judge
+    assert rows[-1]["step"] == 2
+    if name == "tiny_cpu_ppo":
+        assert "critic/vf_loss" in rows[-1]
+    # the held-out set is dev then test (4 questions here); RL trains on the questions SFT did not see
+    held_out = qa.load_examples(os.path.join(workdir, "world", "dev+test.jsonl"))
+    assert [e.id for e in held_out[:2]] == ["dev_0", "dev_1"] and held_out[50].id == "test_0"
+
+
+def test_early_stop_trace_answers_with_the_first_hop(world):
+    # "Who employs the spouse of the author of The Hour of Shelai?": the author is Nouvei Broutros
+    # (passage 198: "The Hour of Shelai is a novel written by Nouvei Broutros.")
+    question = next(q for q in world.questions["train"] if "The Hour of Shelai" in q.question)
+    assert question.question == "Who employs the spouse of the author of The Hour of Shelai?"
+    trace = early_stop_trace(solution_trace(question, world))
+    assert [(s.action, s.text) for s in trace] == [
+        ("search", "The Hour of Shelai novel written wrote author"),
+        ("answer", "Nouvei Broutros"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def sft_inputs(world, tmp_path_factory):
+    from jaxsearch.data.sft import build_world_tokenizer
+    from jaxsearch.retrieval.factory import make_retriever
+
+    out = tmp_path_factory.mktemp("world")
+    world.write(out)
+    retriever = make_retriever("bm25", corpus=str(out / "corpus.jsonl"), progress=False)
+    return build_world_tokenizer(world), retriever
+
+
+def test_sft_dataset_carries_the_early_stop_mistake_of_chain_questions(world, sft_inputs):
+    tokenizer, retriever = sft_inputs
+    args = (world, "train", "search_r1", tokenizer, retriever, 1, 10_000)
+    plain = sft_dataset(*args, questions=20)
+    with_mistakes = sft_dataset(*args, mistake="early_stop", questions=20)
+    assert len(plain) == len(with_mistakes) == 20 and all(e.mistake is None for e in plain)
+    types = [q.metadata["type"] for q in world.questions["train"][:20]]
+    assert "bridge" in types or "compositional" in types
+    for kind, a, b in zip(types, plain, with_mistakes):
+        assert (a.ids, a.loss_mask, a.prompt_len) == (b.ids, b.loss_mask, b.prompt_len)
+        if kind in ("bridge", "compositional"):  # the same prompt, one search, then an answer
+            m = b.mistake
+            assert m.ids[: m.prompt_len] == a.ids[: a.prompt_len]
+            assert tokenizer.decode(m.ids[m.prompt_len :]).count("</search>") == 1 and len(m.ids) < len(a.ids)
+        else:
+            assert b.mistake is None
+
+
+def test_sft_dataset_no_search_mistake_answers_another_questions_answer(world, sft_inputs):
+    tokenizer, retriever = sft_inputs
+    train = world.questions["train"]
+    examples = sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000, mistake="no_search")
+    assert len(examples) == 400 and all(e.mistake is not None for e in examples)
+    for i in (0, 7, 399):
+        other = (i + 1 + int(np.random.default_rng([i]).integers(399))) % 400
+        assert other != i
+        guess = train[other].golden_answers[0]
+        m = examples[i].mistake
+        assert m.ids[: m.prompt_len] == examples[i].ids[: examples[i].prompt_len]
+        assert (
+            tokenizer.decode(m.ids[m.prompt_len : -1])
+            == f"<think> The answer is {guess}. </think>\n<answer> {guess} </answer>"
+        )
+        assert m.ids[-1] == tokenizer.eos_id and m.loss_mask[m.prompt_len :] == [1] * (
+            len(m.ids) - m.prompt_len
+        )
+    with pytest.raises(ValueError, match="unknown SFT mistake 'guess'"):
+        sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000, mistake="guess")
+
+
+def test_sft_batches_draw_the_mistake_at_its_share_each_epoch():
+    from jaxsearch.data.sft import SFTExample, sft_batches
+
+    wrong = SFTExample([3], [1], 0)
+    examples = [SFTExample([1, 2], [0, 1], 1, mistake=wrong), SFTExample([4, 5], [0, 1], 1)]
+
+    def rows(share, n):  # the first token of each row of n batches of 2 (one epoch each)
+        batches = sft_batches(examples, 2, 4, seed=0, mistake_share=share)
+        return [sorted(int(x) for x in next(batches)[0][:, 0]) for _ in range(n)]
+
+    assert rows(0.0, 5) == [[1, 4]] * 5
+    assert rows(1.0, 5) == [[3, 4]] * 5
+    draws = rows(0.6, 400)
+    assert all(r in ([1, 4], [3, 4]) for r in draws)
+    assert 0.5 < sum(r == [3, 4] for r in draws) / 400 < 0.7  # redrawn every epoch, 60% of the time
+
+
+def test_rl_train_file_leaves_out_the_sft_questions(world, tmp_path):
+    world.write(tmp_path)
+    path = pipeline.rl_train_file(str(tmp_path), 150)
+    rows = qa.load_examples(path)
+    assert len(rows) == 250 and rows[0].id == "train_150"
+    with pytest.raises(ValueError, match="sft.questions=400"):
+        pipeline.rl_train_file(str(tmp_path), 400)
+    with pytest.raises(ValueError, match="unknown split 'val'"):
+        pipeline.held_out_file(str(tmp_path), "dev+val")
+
+
+def test_reader_answers_from_the_evidence_alone():
+    evidence = (
+        "Velmar Rising is a film directed by Tobu Kes. Tobu Kes was born on 3 May 1850. "
+        "Ana Kes married Tobu Kes. Tobu Kes was born in Drath. The birthplace of Ana Kes is Drath. "
+        "Something else entirely."
+    )
+    assert read_facts(evidence)[:3] == [
+        ("Velmar Rising", "directed_by", "Tobu Kes"),
+        ("Tobu Kes", "birth_date", "3 May 1850"),
+        ("Ana Kes", "spouse_of", "Tobu Kes"),
+    ]
+    assert read_answer("Where was the director of Velmar Rising born?", evidence) == "Drath"
+    assert read_answer("Who directed Velmar Rising?", evidence) == "Tobu Kes"
+    assert read_answer("Were Tobu Kes and Ana Kes born in the same city?", evidence) == "yes"
+    assert read_answer("Who was born first, Tobu Kes or Ana Kes?", evidence) == ""  # no date for Ana Kes
+    assert read_answer("Who founded Kes Guild?", evidence) == ""
+    assert read_answer(
+        "Who is older, Tobu Kes or Ana Kes?", evidence + " Ana Kes was born on 1 May 1849."
+    ) == ("Ana Kes")
+
+
+def test_world_judge_grounded_when_the_answer_was_retrieved():
+    from jaxsearch.rl.judge import ChatJudge
+
+    grounded = "<search> q </search>\n<information>Doc 1 Tobu Kes was born in Drath.</information>\n<answer> Drath </answer>"
+    invented = "<think> I know it. </think>\n<answer> Drath </answer>"
+    not_in_docs = "<search> Drath </search>\n<information>nothing</information>\n<answer> Drath </answer>"
+    responses = (grounded, invented, not_in_docs)
+    samples = [rewards.RewardInput(r, ["Drath"], "Where was Tobu Kes born?") for r in responses]
+    scores = rewards.judge_fabrication(ChatJudge(pipeline.WorldChatModel()), samples)
+    assert scores.tolist() == [0.0, 1.0, 1.0]
+
+
+def test_world_reader_behind_r_search_evidence_reward():
+    from jaxsearch.rl.judge import ChatEvidenceAnswerer
+
+    response = "<information>x</information>\n<evidence> Tobu Kes was born in Drath. </evidence>\n<answer> Drath </answer>"
+    samples = [rewards.RewardInput(response, ["Drath"], "Where was Tobu Kes born?")]
+    reward = rewards.evidence_reward(ChatEvidenceAnswerer(pipeline.WorldChatModel()))
+    assert reward(samples).tolist() == [1.0]
