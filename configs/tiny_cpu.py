@@ -1,7 +1,8 @@
 """The embedded default: a search agent trained end to end on a CPU in minutes.
 
 A synthetic multi-hop world (fictional facts: no model can know them), BM25 over its passages, a word-level
-tokenizer, a ~0.2M-parameter Qwen2; an SFT warm start on templated trajectories, then GRPO.
+tokenizer, a ~0.95M-parameter Qwen2 (4 layers x 128); an SFT warm start on templated trajectories, then GRPO.
+Held-out: the 100 dev + test questions, greedy, at GRPO's first and last step (bench/RESULTS.md: Tiny world).
 
     python launch/train.py --config configs/tiny_cpu.py
 """

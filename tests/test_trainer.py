@@ -26,6 +26,9 @@ FLAGS = [
     "--config.data.eval_examples=4",
     "--config.rollout.max_turns=2",
     "--config.rollout.max_segment_tokens=24",
+    "--config.model.hidden_size=64",  # the former tiny_cpu model (2 x 64): what is tested is the loop
+    "--config.model.intermediate_size=192",
+    "--config.model.num_hidden_layers=2",
 ]
 
 
