@@ -5,7 +5,7 @@
 Two such processes join through `jax.distributed` on 127.0.0.1:PORT into one 8-device mesh (fsdp=4 x
 tensor=2: params, batches and the gradient reduction span both processes) and run `scenario`: EKA episode
 rollouts (sampled and greedy) with an in-memory retriever, retrieval split across the processes, one GRPO
-train step, and both kinds of orbax checkpoint into OUT_DIR. Process 0 writes the host results to OUT_DIR/results.npz. The test runs the
+train step, both kinds of orbax checkpoint and an HF safetensors export into OUT_DIR. Process 0 writes the host results to OUT_DIR/results.npz. The test runs the
 same `scenario` in its own single process (8 devices) as the reference.
 """
 
@@ -22,7 +22,7 @@ import optax
 
 from jaxsearch import checkpoint, multihost, parallel
 from jaxsearch.data.word_tokenizer import WordTokenizer
-from jaxsearch.models import qwen2
+from jaxsearch.models import hf_io, qwen2
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.host_split import HostSplitRetriever
 from jaxsearch.rl import advantages
@@ -153,6 +153,7 @@ def scenario(mesh, out_dir: str | None = None):
         ckpt.wait()
         ckpt.close()
         checkpoint.save_params(os.path.join(out_dir, "params"), CONFIG, state.params)
+        hf_io.save_hf(CONFIG, state.params, os.path.join(out_dir, "hf"))
     return results, state
 
 

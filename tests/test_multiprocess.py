@@ -13,6 +13,7 @@ import numpy as np
 
 import multiprocess_worker as worker
 from jaxsearch import checkpoint, parallel
+from jaxsearch.models import hf_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 300
@@ -115,5 +116,10 @@ def test_two_processes_match_one_process(tmp_path):
         os.path.join(out_dir, "params"), shardings=parallel.param_shardings(worker.CONFIG, mesh)
     )
     assert config.hidden_size == worker.CONFIG.hidden_size
+    for i, x in enumerate(jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(np.asarray(x), multi[f"train/params/{i}"])
+    # the HF export: process 0 wrote what both processes held; it loads here bit for bit (fp32)
+    config, params = hf_io.load_hf(os.path.join(out_dir, "hf"))
+    assert config.num_hidden_layers == worker.CONFIG.num_hidden_layers
     for i, x in enumerate(jax.tree_util.tree_leaves(params)):
         np.testing.assert_array_equal(np.asarray(x), multi[f"train/params/{i}"])

@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxsearch import multihost
 from jaxsearch.models import qwen2
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -306,7 +307,14 @@ def save_hf(
         if jnp.dtype(dtype or config.param_dtype) == jnp.bfloat16
         else np.dtype(np.float32)
     )
-    host = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
+    # every process reads the params back whole (a collective when they span processes); process 0 writes
+    host = jax.tree_util.tree_map(multihost.to_host, params)
+    if jax.process_index() == 0:
+        _write_hf(config, host, path, out_dtype, max_shard_bytes)
+    multihost.sync("save_hf")
+
+
+def _write_hf(config: qwen2.Qwen2Config, host, path: str, out_dtype, max_shard_bytes: int) -> None:
     tensors = {
         "model.embed_tokens.weight": host["embedding"],
         "model.norm.weight": host["final_norm"]["scale"],
