@@ -160,8 +160,6 @@ class Setup:
     """Everything the loop uses, built once."""
 
     cfg: Any
-    mesh: Any
-    config: qwen2.Qwen2Config
     tokenizer: Any
     protocol: Any
     retriever: Any
@@ -213,8 +211,6 @@ def make_setup(cfg, mesh, config) -> Setup:
     }
     return Setup(
         cfg,
-        mesh,
-        config,
         tokenizer,
         protocol,
         retriever,
