@@ -98,7 +98,7 @@ def param_shardings(config, mesh: Mesh, rules=DEFAULT_RULES):
     )
 
 
-_ACTIVATIONS = threading.local()  # .mesh, .rules while `activation_sharding` is active
+_ACTIVATIONS = threading.local()  # .value = (mesh, rules) while `activation_sharding` is active
 
 
 @contextlib.contextmanager
