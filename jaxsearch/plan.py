@@ -107,6 +107,11 @@ def device_bytes(tree) -> int:
     return total
 
 
+def _mesh_of(tree):
+    """The mesh of a pytree whose leaves carry NamedShardings."""
+    return jax.tree_util.tree_leaves(tree)[0].sharding.mesh
+
+
 def _with(x, sharding):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
@@ -119,7 +124,7 @@ def abstract_params(config: qwen2.Qwen2Config, mesh):
 
 def abstract_critic(config: qwen2.Qwen2Config, params):
     """The critic of `ts.init_critic`: a trunk like the policy and a replicated fp32 value head."""
-    mesh = jax.tree_util.tree_leaves(params)[0].sharding.mesh
+    mesh = _mesh_of(params)
     rep = NamedSharding(mesh, P())
     head = {
         "kernel": jax.ShapeDtypeStruct((config.hidden_size,), jnp.float32, sharding=rep),
@@ -131,7 +136,7 @@ def abstract_critic(config: qwen2.Qwen2Config, params):
 def abstract_state(params, optimizer) -> ts.TrainState:
     """TrainState of `params` with `optimizer`'s state: subtrees shaped like the params (adam's mu / nu)
     take the params' shardings, everything else (counts) is replicated."""
-    mesh = jax.tree_util.tree_leaves(params)[0].sharding.mesh
+    mesh = _mesh_of(params)
     rep = NamedSharding(mesh, P())
     treedef = jax.tree_util.tree_structure(params)
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, params)
@@ -231,7 +236,7 @@ def _shardings(tree):
 
 def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
     s_shard = _shardings(state)
-    mesh = jax.tree_util.tree_leaves(state.params)[0].sharding.mesh
+    mesh = _mesh_of(state.params)
     fn = functools.partial(
         ts.train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=s_shard.params
     )

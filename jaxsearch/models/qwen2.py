@@ -419,7 +419,7 @@ class Qwen2(nn.Module):
         positions = jnp.zeros_like(input_ids)
         t = input_ids.shape[1]
         mask = jnp.ones((input_ids.shape[0], t, t), bool)
-        writes = [lambda k, v: (k, v, None)] * self.config.num_hidden_layers
+        writes = [_no_cache] * self.config.num_hidden_layers
         hidden, _ = self(input_ids, positions, mask, writes)
         return self.logits(hidden)
 

@@ -55,17 +55,20 @@ def load_tokenizer(cfg):
     raise ValueError(f"config.tokenizer.kind={cfg.tokenizer.kind!r}: expected 'qwen' or 'word'")
 
 
-def model_config(cfg) -> qwen2.Qwen2Config:
-    """The architecture of a random init (the HF / orbax paths carry their own config)."""
-    m = cfg.model
-    numerics = dict(
-        dtype=m.dtype,
-        param_dtype=m.param_dtype,
+def _runtime_fields(m) -> dict:
+    """Qwen2Config fields that a config sets whatever the checkpoint says (how to run, not what the model is)."""
+    return dict(
         remat=m.remat,
         logprob_chunk=m.logprob_chunk,
         attention_chunk=m.attention_chunk,
         scan_layers=m.scan_layers,
     )
+
+
+def model_config(cfg) -> qwen2.Qwen2Config:
+    """The architecture of a random init (the HF / orbax paths carry their own config)."""
+    m = cfg.model
+    numerics = dict(dtype=m.dtype, param_dtype=m.param_dtype, **_runtime_fields(m))
     if m.vocab_size:
         return qwen2.Qwen2Config(
             vocab_size=m.vocab_size,
@@ -83,12 +86,7 @@ def model_config(cfg) -> qwen2.Qwen2Config:
 def load_policy(cfg, mesh):
     """(model config, params placed on the mesh): from hf_path, orbax_path, or a seeded random init."""
     m = cfg.model
-    overrides = dict(
-        remat=m.remat,
-        logprob_chunk=m.logprob_chunk,
-        attention_chunk=m.attention_chunk,
-        scan_layers=m.scan_layers,
-    )
+    overrides = _runtime_fields(m)
     if m.hf_path or m.orbax_path:
         # shardings need only the shapes in config.json: read each checkpoint once, onto its devices
         path = m.hf_path or m.orbax_path
