@@ -95,6 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
         ppo_epochs=1,
         mini_batches=2,  # Search-R1: ppo_mini_batch_size 256 of 512
         micro_batches=16,  # gradient accumulation inside each mini-batch
+        pad_multiple=0,  # > 0: update batches padded to a multiple of this, not to cache_len (a compile each)
         gamma=1.0,
         lam=1.0,
     )
@@ -104,9 +105,9 @@ def get_config() -> ml_collections.ConfigDict:
     # the retriever's corpus and a word-level tokenizer (model.vocab_size = -1 takes its size).
     c.world = dict(size="", seed=0, eval_split="test")
     # The optional warm start stage. truncate: cut examples longer than max_len instead of leaving them out;
-    # mistake ("" | early_stop | no_search): a base model's error that replaces a question's ideal trace in
-    # mistake_share of its draws (data/sft.py); questions: the world's first N training questions are SFT's,
-    # the rest RL's (0: both use all).
+    # mistake ("" | early_stop | no_search | verbose_answer): a base model's error that replaces a question's
+    # ideal trace in mistake_share of its draws (data/sft.py); questions: the world's first N training
+    # questions are SFT's, the rest RL's (0: both use all).
     c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False)
     c.sft.update(dict(mistake="", mistake_share=0.0, questions=0))
     c.mesh = dict(data=1, fsdp=-1, tensor=1)

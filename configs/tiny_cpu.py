@@ -2,7 +2,10 @@
 
 A synthetic multi-hop world (fictional facts: no model can know them), BM25 over its passages, a word-level
 tokenizer, a ~0.95M-parameter Qwen2 (4 layers x 128); an SFT warm start on templated trajectories, then GRPO.
-Held-out: the 100 dev + test questions, greedy, at GRPO's first and last step (bench/RESULTS.md: Tiny world).
+The SFT start is a base model with a format error: in half of its traces the answer tag holds a sentence
+("The answer is X."), which exact match scores 0; GRPO's EM reward has to teach it to answer with the
+entity alone. Held-out: the 100 dev + test questions, greedy, at GRPO's first, middle and last step
+(bench/RESULTS.md: Tiny world).
 
     python launch/train.py --config configs/tiny_cpu.py
 """
@@ -44,14 +47,16 @@ def get_config():
             eval_retrieval_k=1,  # as in training and in the SFT traces
         )
     )
-    # SFT on every training question's ideal trace (sft.mistake can mix in a base model's errors; none here)
+    # SFT on every training question's ideal trace, with a verbose answer in half of the draws
     c.sft.update(dict(steps=800, lr=3e-3, batch_size=8, warmup=20, max_len=256, truncate=True))
-    c.algo.update(dict(kl_coef=0.001, mini_batches=1, micro_batches=1))
+    c.sft.update(dict(mistake="verbose_answer", mistake_share=0.5))
+    # update batches padded to the longest trajectory (rounded up to 128), not to cache_len: ~2x faster here
+    c.algo.update(dict(kl_coef=0.001, mini_batches=1, micro_batches=1, pad_multiple=128))
     c.optim.update(dict(lr=2e-4, warmup_ratio=0.0))
     c.reward.terms = (("em", 1.0),)
     c.judge.kind = "world"  # the rule-based fabrication judge (pipeline.WorldChatModel) at evaluation
-    c.total_steps = 20
+    c.total_steps = 40
     c.eval_every = 20
-    c.save_every = 10
+    c.save_every = 20
     c.mesh.update(dict(data=1, fsdp=1, tensor=1))
     return c

@@ -132,19 +132,25 @@ def test_roll_window_and_match_against_python():
             assert hits[b] == expect
 
 
-def test_recorded_logprobs_equal_a_fresh_forward(model):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recorded_logprobs_equal_a_fresh_forward(model, temperature):
+    """The sampler's log-probs and entropies are those of the training forward at the same temperature
+    (`token_logprobs(temperature=)`), and of a numpy log-softmax of logits / temperature."""
     _, config, params = model
     table = piece_table(config.vocab_size, [])
-    smp = S.Sampler(config, table, cache_len=64, max_segment=20, sampling=S.SamplingParams(1.0))
+    smp = S.Sampler(config, table, cache_len=64, max_segment=20, sampling=S.SamplingParams(temperature))
     prompts = [[5, 6, 7, 8], [9, 10]]
     state = smp.start(params, prompts, seed=3)
     seg, _ = smp.decode(params, state, 20)
     for b, p in enumerate(prompts):
         gen = seg.tokens[b, : seg.length[b]].tolist()
         seq = np.asarray([p + gen])
-        logp = qwen2.token_logprobs(config, params, seq[:, :-1], np.ones_like(seq[:, :-1]), seq[:, 1:])
+        ones = np.ones_like(seq[:, :-1])
+        logp = qwen2.token_logprobs(config, params, seq[:, :-1], ones, seq[:, 1:], temperature=temperature)
         np.testing.assert_allclose(seg.logprobs[b, : len(gen)], np.asarray(logp)[0, len(p) - 1 :], atol=1e-4)
-        logits = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)), np.float64)[0]
+        logits = (
+            np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)), np.float64)[0] / temperature
+        )
         lp = (
             logits
             - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
@@ -152,6 +158,8 @@ def test_recorded_logprobs_equal_a_fresh_forward(model):
         )
         ent = -(np.exp(lp) * lp).sum(-1)[len(p) - 1 : -1]
         np.testing.assert_allclose(seg.entropy[b, : len(gen)], ent, atol=1e-4)
+        picked = lp[np.arange(len(p) - 1, seq.shape[1] - 1), seq[0, len(p) :]]
+        np.testing.assert_allclose(seg.logprobs[b, : len(gen)], picked, atol=1e-4)
 
 
 def test_top_k_and_top_p_sample_only_allowed_tokens():

@@ -111,6 +111,26 @@ def test_sft_dataset_carries_the_early_stop_mistake_of_chain_questions(world, sf
             assert b.mistake is None
 
 
+def test_sft_dataset_verbose_answer_mistake_differs_only_in_the_answer_tag(world, sft_inputs):
+    from jaxsearch.eval.metrics import exact_match, f1_score
+    from jaxsearch.rl.rewards import extract_answer
+
+    tokenizer, retriever = sft_inputs
+    args = (world, "train", "search_r1", tokenizer, retriever, 1, 10_000)
+    plain = sft_dataset(*args, questions=12)
+    verbose = sft_dataset(*args, mistake="verbose_answer", questions=12)
+    for question, a, b in zip(world.questions["train"], plain, verbose):
+        gold = question.golden_answers[0]
+        right, wrong = (tokenizer.decode(x.ids[x.prompt_len : -1]) for x in (a, b.mistake))
+        # the same searches and observations; only the answer tag's text differs
+        assert right.endswith(f"<answer> {gold} </answer>")
+        assert wrong == right[: -len(f"{gold} </answer>")] + f"The answer is {gold}. </answer>"
+        assert b.mistake.loss_mask[-1] == 1 and b.mistake.ids[-1] == tokenizer.eos_id
+        # exact match scores the sentence 0, F1 gives it partial credit
+        assert extract_answer(right) == gold and exact_match(extract_answer(wrong), [gold]) == 0
+        assert 0 < f1_score(extract_answer(wrong), [gold]) < 1
+
+
 def test_sft_dataset_no_search_mistake_answers_another_questions_answer(world, sft_inputs):
     tokenizer, retriever = sft_inputs
     train = world.questions["train"]

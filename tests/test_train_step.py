@@ -86,13 +86,15 @@ def test_gradient_accumulation_equals_full_batch(agg_mode):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_loss_equals_numpy_reference():
-    """pg + kl terms recomputed in numpy from the model's log-probs."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_loss_equals_numpy_reference(temperature):
+    """pg + kl terms recomputed in numpy from the model's log-probs (of logits / the rollout temperature)."""
     batch = make_batch(seed=2)
-    cfg = ts.LossConfig(kl_coef=0.1)
+    cfg = ts.LossConfig(kl_coef=0.1, temperature=temperature)
     params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
     loss, stats = ts.policy_loss(CONFIG, cfg, params, {k: jnp.asarray(v) for k, v in batch.items()})
     logits = np.asarray(qwen2.forward(CONFIG, params, batch["tokens"], batch["attention_mask"]), np.float64)
+    logits = logits / temperature
     lsm = (
         logits
         - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
@@ -156,3 +158,33 @@ def test_outcome_token_rewards_sit_on_the_last_policy_token():
     expect = np.zeros((3, 6), np.float32)
     expect[0, 4], expect[2, 5] = 2.0, -1.0
     np.testing.assert_array_equal(out, expect)
+
+
+def test_update_width_rounds_the_last_attended_column_up():
+    from jaxsearch.rl.trainer import pad_to, update_width
+
+    attn = np.zeros((3, 160), np.int32)
+    attn[0, :5], attn[1, :130], attn[2, 2:9] = 1, 1, 1  # the longest row ends at column 130
+    assert update_width(attn, 512, 0) == 512  # off: the cache length
+    assert update_width(attn, 512, 128) == 256
+    assert update_width(attn, 200, 128) == 200  # never past the cache
+    assert update_width(attn[[0, 2]], 512, 8) == 16
+    x = np.arange(6).reshape(2, 3)
+    np.testing.assert_array_equal(pad_to(x, 5), [[0, 1, 2, 0, 0], [3, 4, 5, 0, 0]])
+    np.testing.assert_array_equal(pad_to(x, 2), [[0, 1], [3, 4]])
+
+
+def test_loss_does_not_depend_on_right_padding():
+    """An update batch cut to `update_width` columns scores exactly what the cache-wide one does."""
+    batch = make_batch(seed=3)  # rows end by column 24
+    wide = {k: np.pad(v, ((0, 0), (0, 40))) if v.ndim == 2 else v for k, v in batch.items()}
+    cfg = ts.LossConfig(kl_coef=0.1)
+    params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    grad = jax.grad(lambda p, b: ts.policy_loss(CONFIG, cfg, p, b)[0])
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grad(params, batch)), jax.tree_util.tree_leaves(grad(params, wide))
+    ):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(
+        ts.policy_loss(CONFIG, cfg, params, batch)[0], ts.policy_loss(CONFIG, cfg, params, wide)[0], rtol=1e-6
+    )

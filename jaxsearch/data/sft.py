@@ -95,8 +95,11 @@ def build_world_tokenizer(world: World, protocol_names: Sequence[str] = PROTOCOL
     return WordTokenizer.build(texts)
 
 
-def policy_segments(protocol: AgentProtocol, trace: Sequence[Step]) -> list[str]:
-    """The policy's text per turn: one segment per search step, then the answer segment."""
+def policy_segments(
+    protocol: AgentProtocol, trace: Sequence[Step], verbose_answer: bool = False
+) -> list[str]:
+    """The policy's text per turn: one segment per search step, then the answer segment. `verbose_answer`:
+    the answer tag holds the sentence "The answer is X." instead of X (a base model's format error)."""
     *searches, answer = trace
     if answer.action != "answer" or any(step.action != "search" for step in searches):
         raise ValueError(f"a trace is searches then one answer, got {[s.action for s in trace]}")
@@ -112,17 +115,18 @@ def policy_segments(protocol: AgentProtocol, trace: Sequence[Step]) -> list[str]
         else:
             segments.append(f"<think> {need} </think>\n<search> {step.text} </search>")
     final = ANSWER.format(answer=answer.text)
+    said = final if verbose_answer else answer.text
     if isinstance(protocol, GraphR1Protocol):
         think = "<think>\n" if not searches else ""
-        segments.append(f"{think}{final}\n</think>\n<answer>\n{answer.text}\n</answer>")
+        segments.append(f"{think}{final}\n</think>\n<answer>\n{said}\n</answer>")
     elif isinstance(protocol, RSearchProtocol):
         evidence = " ".join(step.fact for step in searches)
-        segments.append(f"{final}\n<evidence> {evidence} </evidence>\n<answer> {answer.text} </answer>")
+        segments.append(f"{final}\n<evidence> {evidence} </evidence>\n<answer> {said} </answer>")
     elif isinstance(protocol, SoarProtocol):
         source = "<information_source> external </information_source>"
-        segments.append(f"<think> {final} </think>\n{source}\n<answer> {answer.text} </answer>")
+        segments.append(f"<think> {final} </think>\n{source}\n<answer> {said} </answer>")
     else:
-        segments.append(f"<think> {final} </think>\n<answer> {answer.text} </answer>")
+        segments.append(f"<think> {final} </think>\n<answer> {said} </answer>")
     return segments
 
 
@@ -135,11 +139,13 @@ def sft_trajectory(
     k: int,
     initial_context: str | None = None,
     internal_facts: str = "",
+    verbose_answer: bool = False,
 ) -> SFTExample:
     """The trajectory of `trace` for `example`, token for token as the episode driver builds it.
 
     `initial_context`: EKA's P0; None computes it with `protocol.initial_context` (None for other methods).
     `internal_facts`: SOAR's internal stream in every observation (the policy knows nothing of this world).
+    `verbose_answer`: see `policy_segments`.
     """
     if initial_context is None:
         initial_context = protocol.initial_context([example.question], retriever, k)[0]
@@ -147,7 +153,7 @@ def sft_trajectory(
     prompt = tokenizer.encode(
         tokenizer.apply_chat_template(messages, add_generation_prompt=True), allow_special=True
     )
-    segments = policy_segments(protocol, trace)
+    segments = policy_segments(protocol, trace, verbose_answer)
     queries = [step.text for step in trace[:-1]]
     results = retriever.search(queries, k) if queries else []
     ids, mask = list(prompt), [0] * len(prompt)
@@ -179,7 +185,7 @@ def no_search_trace(guess: str) -> list[Step]:
     return [Step("answer", guess)]
 
 
-MISTAKES = ("early_stop", "no_search")
+MISTAKES = ("early_stop", "no_search", "verbose_answer")
 
 
 def sft_dataset(
@@ -202,7 +208,8 @@ def sft_dataset(
     do, for RL to correct. "early_stop": each chain question (bridge / compositional, 2-4 hops) stops after its
     first search (`early_stop_trace`); "no_search": every question is answered without a search, with the
     first golden answer of another question of the split (`no_search_trace`; question i takes question
-    `(i + 1 + default_rng([i]).integers(n - 1)) % n`'s).
+    `(i + 1 + default_rng([i]).integers(n - 1)) % n`'s); "verbose_answer": every question's ideal trace with
+    a sentence in the answer tag ("The answer is X.", which exact match scores 0; `policy_segments`).
     `questions`: only the split's first N questions (0: all).
     """
     if mistake not in ("", *MISTAKES):
@@ -218,14 +225,18 @@ def sft_dataset(
         )
         if sft is None:
             continue
-        wrong = None
+        wrong, verbose = None, mistake == "verbose_answer"
         if mistake == "early_stop" and example.metadata["type"] in ("bridge", "compositional"):
             wrong = early_stop_trace(trace)
         elif mistake == "no_search":
             other = (i + 1 + int(np.random.default_rng([i]).integers(len(examples) - 1))) % len(examples)
             wrong = no_search_trace(examples[other].golden_answers[0])
+        elif verbose:
+            wrong = trace
         if wrong is not None:
-            wrong_sft = sft_trajectory(protocol, tokenizer, example, wrong, retriever, k, context)
+            wrong_sft = sft_trajectory(
+                protocol, tokenizer, example, wrong, retriever, k, context, verbose_answer=verbose
+            )
             sft = dataclasses.replace(sft, mistake=_fit(wrong_sft, max_len, truncate))
         out.append(sft)
     return out

@@ -501,9 +501,16 @@ def forward(config: Qwen2Config, params: Params, input_ids, attention_mask=None)
 
 
 def token_logprobs(
-    config: Qwen2Config, params: Params, input_ids, attention_mask, targets, return_entropy: bool = False
+    config: Qwen2Config,
+    params: Params,
+    input_ids,
+    attention_mask,
+    targets,
+    return_entropy: bool = False,
+    temperature: float = 1.0,
 ):
-    """log p(targets[b, t] | input_ids[b, :t+1]) as [B, T] fp32 (and the entropy [B, T] if asked).
+    """log p(targets[b, t] | input_ids[b, :t+1]) as [B, T] fp32 (and the entropy [B, T] if asked), of the
+    distribution the sampler draws from at `temperature` (logits / temperature; static).
 
     The LM head and log-softmax run in sequence chunks of `config.logprob_chunk` under `lax.map`, so the
     largest temporary is [B, chunk, V], never a full [B, T, V] log-softmax.
@@ -521,6 +528,8 @@ def token_logprobs(
     def one_chunk(args):
         h, y = args
         logits = Qwen2(config).apply({"params": params}, h, method=Qwen2.logits)
+        if temperature != 1.0:
+            logits = logits / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
         if not return_entropy:

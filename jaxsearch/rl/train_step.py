@@ -45,6 +45,7 @@ class LossConfig:
     kl_kind: str = "low_var_kl"
     entropy_coef: float = 0.0
     micro_batches: int = 1
+    temperature: float = 1.0  # the rollout's: log-probs of logits / temperature
 
 
 @jax.tree_util.register_dataclass
@@ -95,10 +96,19 @@ def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainSt
     return TrainState(params, opt_state, zero(), zero())
 
 
-def sequence_logprobs(config: qwen2.Qwen2Config, params, tokens, attention_mask, return_entropy=False):
-    """log p(tokens[b, t] | tokens[b, :t]) as [B, T] (0 at t = 0), and the entropy there if asked."""
+def sequence_logprobs(
+    config: qwen2.Qwen2Config, params, tokens, attention_mask, return_entropy=False, temperature=1.0
+):
+    """log p(tokens[b, t] | tokens[b, :t]) as [B, T] (0 at t = 0), and the entropy there if asked, under the
+    rollout's sampling `temperature` (as veRL's actor: the policy trained is the one that sampled)."""
     out = qwen2.token_logprobs(
-        config, params, tokens[:, :-1], attention_mask[:, :-1], tokens[:, 1:], return_entropy=return_entropy
+        config,
+        params,
+        tokens[:, :-1],
+        attention_mask[:, :-1],
+        tokens[:, 1:],
+        return_entropy=return_entropy,
+        temperature=temperature,
     )
     pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
     return tuple(pad(x) for x in out) if return_entropy else pad(out)
@@ -114,7 +124,9 @@ def _normaliser(loss_mask, agg_mode):
 def policy_loss(config: qwen2.Qwen2Config, loss_cfg: LossConfig, params, batch):
     """(scalar loss, stats) for one (micro-)batch, both normalised within it."""
     mask = batch["loss_mask"].astype(jnp.float32)
-    logp, entropy = sequence_logprobs(config, params, batch["tokens"], batch["attention_mask"], True)
+    logp, entropy = sequence_logprobs(
+        config, params, batch["tokens"], batch["attention_mask"], True, loss_cfg.temperature
+    )
     pg_loss, stats = losses.get_policy_loss(loss_cfg.policy_loss)(
         logp,
         batch["old_logprobs"],
@@ -282,12 +294,12 @@ def make_value_fn(config, mesh, critic_params, batch_example: dict):
     return _host_in_out(jitted, shard)
 
 
-def make_logprob_fn(config, mesh, params, batch_example: dict):
-    """Jitted [B, T] log-probs of `tokens` under `params` (old policy or reference), sharded like the step;
-    host arrays in and out."""
+def make_logprob_fn(config, mesh, params, batch_example: dict, temperature: float = 1.0):
+    """Jitted [B, T] log-probs of `tokens` under `params` (old policy or reference) at the rollout's
+    `temperature`, sharded like the step; host arrays in and out."""
     shard = batch_shardings(mesh, {k: batch_example[k] for k in ("tokens", "attention_mask")})
     p_shard = jax.tree_util.tree_map(lambda x: x.sharding, params)
-    fn = lambda p, tokens, mask: sequence_logprobs(config, p, tokens, mask)
+    fn = lambda p, tokens, mask: sequence_logprobs(config, p, tokens, mask, temperature=temperature)
     jitted = jax.jit(
         parallel.with_activation_sharding(fn, mesh),
         in_shardings=(p_shard, shard["tokens"], shard["attention_mask"]),

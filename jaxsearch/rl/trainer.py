@@ -278,7 +278,19 @@ def reward_inputs(traj: episode.Trajectories, examples: list[qa.QAExample]) -> l
 
 
 def pad_to(x: np.ndarray, width: int) -> np.ndarray:
+    """[B, width]: `x` [B, T] cut or zero-padded on the right."""
+    x = x[:, :width]
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+def update_width(attention_mask: np.ndarray, cache_len: int, multiple: int) -> int:
+    """Columns of an update batch: `cache_len` (one shape for the run), or with `multiple` > 0 the last
+    attended column rounded up to a multiple of it (fewer padded columns, one compile per width seen)."""
+    if not multiple:
+        return cache_len
+    used = np.flatnonzero(attention_mask.any(0))
+    last = int(used[-1]) + 1 if used.size else 1
+    return min(cache_len, -(-last // multiple) * multiple)
 
 
 def rollout_stats(traj: episode.Trajectories, examples) -> dict:
@@ -437,7 +449,8 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     writer.drop_after(start)
     preempted = checkpoint.install_sigterm_handler()
 
-    # --- the jitted functions, for fixed [rows / mini_batches, cache_len] shapes
+    # --- the jitted functions, for [rows / mini_batches, width] batches (width: `update_width`; the example's
+    # cache_len only fixes the shardings)
     rows, width, mini = (
         cfg.data.batch_size * cfg.data.group_size,
         cfg.rollout.cache_len,
@@ -468,7 +481,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         state["policy"],
         example,
     )
-    logprob_fn = ts.make_logprob_fn(config, mesh, state["policy"].params, example)
+    logprob_fn = ts.make_logprob_fn(config, mesh, state["policy"].params, example, cfg.rollout.temperature)
     if ppo:
         critic_example = dict(example, old_values=zeros(np.float32), returns=zeros(np.float32))
         critic_update = ts.make_train_step(
@@ -501,6 +514,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         t_rollout = time.perf_counter() - t0
 
         scores = np.asarray(setup.reward_fn(reward_inputs(traj, batch_examples)), np.float32)
+        width = update_width(traj.attention_mask, cfg.rollout.cache_len, cfg.algo.pad_multiple)
         tokens, attn, lmask = (pad_to(x, width) for x in (traj.tokens, traj.attention_mask, traj.loss_mask))
         t1 = time.perf_counter()
         # log-probs of the rollout policy, the reference and the critic's values, before any update
@@ -591,6 +605,7 @@ def loss_config(cfg) -> ts.LossConfig:
         kl_kind=a.kl_kind,
         entropy_coef=a.entropy_coef,
         micro_batches=a.micro_batches,
+        temperature=cfg.rollout.temperature,
     )
 
 
