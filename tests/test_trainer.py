@@ -99,6 +99,19 @@ def test_resume_after_sigkill_is_bit_identical(uninterrupted, tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 6
 
 
+def test_finished_run_exports_its_final_policy_as_a_params_dir(uninterrupted):
+    """grpo/params (what launch/eval.py reads) holds exactly the last checkpoint's policy params."""
+    import jax
+    from jaxsearch import checkpoint
+
+    _, state = _final_params(uninterrupted)
+    config, params = checkpoint.restore_params(os.path.join(uninterrupted, "grpo", "params"))
+    exported = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    assert config.num_hidden_layers == 2 and len(exported) > 0
+    for key, value in exported.items():
+        np.testing.assert_array_equal(value, state["['policy']['params']" + key], err_msg=key)
+
+
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path):
     workdir = str(tmp_path / "term")
     proc = _run(workdir, "--config.total_steps=50", "--config.save_every=100", wait=False)

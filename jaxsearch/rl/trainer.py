@@ -5,7 +5,8 @@
 
 Everything a step needs to be reproduced is derived from (config.seed, step) or restored from the last
 checkpoint (params, optimizer state, step, data-iterator position), so a rerun after a crash continues
-exactly where the last checkpoint left off. SIGTERM saves a checkpoint and exits (preemption).
+exactly where the last checkpoint left off. SIGTERM saves a checkpoint and exits (preemption). A run that
+reaches `total_steps` also writes the final policy to `workdir/params` (`checkpoint.save_params`).
 """
 
 from __future__ import annotations
@@ -498,7 +499,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     # --- the loop
     if start == 0 and setup.eval_sets:
         writer.write(0, evaluate(setup, state["policy"].params, 0))
-    last = {}
+    last, stop = {}, False
     bar = tqdm(
         range(start, cfg.total_steps),
         initial=start,
@@ -591,6 +592,8 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
             break
     ckpt.wait()
     ckpt.close()
+    if not stop:  # the final policy as a params dir: what launch/eval.py and convert_checkpoint.py read
+        checkpoint.save_params(os.path.join(workdir, "params"), config, state["policy"].params)
     return last
 
 
