@@ -106,7 +106,9 @@ def test_finished_run_exports_its_final_policy_as_a_params_dir(uninterrupted):
 
     _, state = _final_params(uninterrupted)
     config, params = checkpoint.restore_params(os.path.join(uninterrupted, "grpo", "params"))
-    exported = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    exported = {
+        jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)
+    }
     assert config.num_hidden_layers == 2 and len(exported) > 0
     for key, value in exported.items():
         np.testing.assert_array_equal(value, state["['policy']['params']" + key], err_msg=key)
