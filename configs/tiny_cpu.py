@@ -47,9 +47,10 @@ def get_config():
             eval_retrieval_k=1,  # as in training and in the SFT traces
         )
     )
-    # SFT on every training question's ideal trace, with a verbose answer in half of the draws
-    c.sft.update(dict(steps=800, lr=3e-3, batch_size=8, warmup=20, max_len=256, truncate=True))
-    c.sft.update(dict(mistake="verbose_answer", mistake_share=0.5))
+    # SFT on every training question's ideal trace, with a verbose answer in half of the draws; max_len holds
+    # the longest trace of search_r1 / eka / rsearch (397 / 455 / 438 tokens), so none is cut
+    c.sft.update(dict(steps=800, lr=3e-3, batch_size=8, warmup=20, max_len=512, truncate=True))
+    c.sft.update(dict(mistake="verbose_answer", mistake_share=0.5, pad_multiple=128))
     # update batches padded to the longest trajectory (rounded up to 128), not to cache_len: ~2x faster here
     c.algo.update(dict(kl_coef=0.001, mini_batches=1, micro_batches=1, pad_multiple=128))
     c.optim.update(dict(lr=2e-4, warmup_ratio=0.0))

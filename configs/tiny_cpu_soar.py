@@ -13,4 +13,7 @@ def get_config():
     c.protocol.name = "soar"
     c.rollout.internal_k = 3
     c.reward.terms = (("em", 1.0), ("source_consistency", 0.2))
+    # each observation carries the internal stream too: traces run to 620 tokens, so neither is cut
+    c.rollout.cache_len = 768
+    c.sft.max_len = 768
     return c

@@ -170,6 +170,33 @@ def test_sft_batches_draw_the_mistake_at_its_share_each_epoch():
     assert 0.5 < sum(r == [3, 4] for r in draws) / 400 < 0.7  # redrawn every epoch, 60% of the time
 
 
+def test_sft_batches_pad_to_the_longest_example_rounded_up():
+    from jaxsearch.data.sft import SFTExample, sft_batches
+
+    examples = [SFTExample(list(range(1, n + 1)), [0] + [1] * (n - 1), 1) for n in (3, 5, 9, 12)]
+    widths = {next(sft_batches(examples, 2, 16, seed=s, pad_multiple=4))[0].shape[1] for s in range(20)}
+    assert widths <= {8, 12} and len(widths) == 2  # pairs of (3|5|9|12) tokens: rounded up to 8 or 12
+    ids, attention, loss = next(sft_batches(examples, 4, 16, seed=0, pad_multiple=8))
+    assert ids.shape == (4, 16)  # the 12-token example: 16 (and never more than max_len)
+    assert sorted(attention.sum(1).tolist()) == [3, 5, 9, 12] and loss.sum() == 3 + 5 + 9 + 12 - 4
+    assert next(sft_batches(examples, 4, 14, seed=0, pad_multiple=8))[0].shape == (4, 14)
+    assert next(sft_batches(examples, 4, 16, seed=0))[0].shape == (4, 16)  # off: max_len
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu", "tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch"])
+def test_tiny_configs_cut_no_sft_trace(world, sft_inputs, name):
+    """Every training question's trace fits the config's sft.max_len and rollout.cache_len: a cut trace
+    would teach the searches of a long question but never its answer."""
+    import importlib
+
+    cfg = importlib.import_module(f"configs.{name}").get_config()
+    tokenizer, retriever = sft_inputs
+    k = cfg.rollout.retrieval_k
+    full = sft_dataset(world, "train", cfg.protocol.name, tokenizer, retriever, k, 100_000)
+    longest = max(len(e.ids) for e in full)
+    assert len(full) == 400 and longest <= min(cfg.sft.max_len, cfg.rollout.cache_len), longest
+
+
 def test_rl_train_file_leaves_out_the_sft_questions(world, tmp_path):
     world.write(tmp_path)
     path = pipeline.rl_train_file(str(tmp_path), 150)

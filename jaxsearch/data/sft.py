@@ -275,9 +275,12 @@ def sft_batches(
     seed: int,
     pad_id: int = 0,
     mistake_share: float = 0.0,
+    pad_multiple: int = 0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Endless padded batches (see `pad_sft_batch`); epoch e visits the examples in the order
-    `np.random.default_rng([seed, e]).permutation`, and batches run across epoch ends.
+    """Endless padded batches (see `pad_sft_batch`) of `max_len` columns, or with `pad_multiple` > 0 of the
+    batch's longest example rounded up to a multiple of it (at most `max_len`; a compile per width). Epoch e
+    visits the examples in the order `np.random.default_rng([seed, e]).permutation`, and batches run across
+    epoch ends.
 
     `mistake_share`: an example with a `mistake` is replaced by it when its draw from
     `np.random.default_rng([seed, e, 1]).random(len(examples))` (indexed by the example) is below the share,
@@ -297,7 +300,10 @@ def sft_batches(
             if example.mistake is not None and draws[i] < mistake_share:
                 example = example.mistake
             batch.append(example)
-        yield pad_sft_batch(batch, max_len, pad_id)
+        width = max_len
+        if pad_multiple:
+            width = min(max_len, -(-max(len(e.ids) for e in batch) // pad_multiple) * pad_multiple)
+        yield pad_sft_batch(batch, width, pad_id)
 
 
 def _observation(protocol: AgentProtocol, docs: list[Doc], internal_facts: str = "") -> str:

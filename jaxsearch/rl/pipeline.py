@@ -106,7 +106,13 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         questions=cfg.sft.questions,
     )
     batches = sft_data.sft_batches(
-        examples, cfg.sft.batch_size, cfg.sft.max_len, cfg.seed, tokenizer.pad_id, cfg.sft.mistake_share
+        examples,
+        cfg.sft.batch_size,
+        cfg.sft.max_len,
+        cfg.seed,
+        tokenizer.pad_id,
+        cfg.sft.mistake_share,
+        cfg.sft.pad_multiple,
     )
     config = trainer.model_config(cfg)
     params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
