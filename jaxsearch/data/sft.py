@@ -268,6 +268,12 @@ def pad_sft_batch(
     return ids, attention, loss
 
 
+def padded_width(length: int, cap: int, multiple: int) -> int:
+    """Columns for a batch whose longest row has `length` tokens: `cap`, or with `multiple` > 0 `length`
+    rounded up to a multiple of it, at most `cap` (fewer padded columns; a compile per width seen)."""
+    return min(cap, -(-length // multiple) * multiple) if multiple else cap
+
+
 def sft_batches(
     examples: Sequence[SFTExample],
     batch_size: int,
@@ -300,9 +306,7 @@ def sft_batches(
             if example.mistake is not None and draws[i] < mistake_share:
                 example = example.mistake
             batch.append(example)
-        width = max_len
-        if pad_multiple:
-            width = min(max_len, -(-max(len(e.ids) for e in batch) // pad_multiple) * pad_multiple)
+        width = padded_width(max(len(e.ids) for e in batch), max_len, pad_multiple)
         yield pad_sft_batch(batch, width, pad_id)
 
 

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from jaxsearch import checkpoint, parallel
 from jaxsearch.data import qa
+from jaxsearch.data.sft import padded_width
 from jaxsearch.eval import metrics as qa_metrics
 from jaxsearch.models import hf_io, qwen2
 from jaxsearch.retrieval.factory import make_retriever
@@ -261,7 +262,7 @@ def concat_trajectories(parts: list[episode.Trajectories]) -> episode.Trajectori
         elif isinstance(values[0], dict):  # timings
             out[f.name] = {k: sum(v[k] for v in values) for k in values[0]}
         elif values[0].ndim == 2:
-            out[f.name] = np.concatenate([np.pad(v, ((0, 0), (0, width - v.shape[1]))) for v in values])
+            out[f.name] = np.concatenate([pad_to(v, width) for v in values])
         else:
             out[f.name] = np.concatenate(values)
     return episode.Trajectories(**out)
@@ -286,12 +287,9 @@ def pad_to(x: np.ndarray, width: int) -> np.ndarray:
 
 def update_width(attention_mask: np.ndarray, cache_len: int, multiple: int) -> int:
     """Columns of an update batch: `cache_len` (one shape for the run), or with `multiple` > 0 the last
-    attended column rounded up to a multiple of it (fewer padded columns, one compile per width seen)."""
-    if not multiple:
-        return cache_len
+    attended column rounded up to a multiple of it (`padded_width`)."""
     used = np.flatnonzero(attention_mask.any(0))
-    last = int(used[-1]) + 1 if used.size else 1
-    return min(cache_len, -(-last // multiple) * multiple)
+    return padded_width(int(used[-1]) + 1 if used.size else 1, cache_len, multiple)
 
 
 def rollout_stats(traj: episode.Trajectories, examples) -> dict:
@@ -451,19 +449,15 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     preempted = checkpoint.install_sigterm_handler()
 
     # --- the jitted functions, for [rows / mini_batches, width] batches (width: `update_width`; the example's
-    # cache_len only fixes the shardings)
-    rows, width, mini = (
-        cfg.data.batch_size * cfg.data.group_size,
-        cfg.rollout.cache_len,
-        cfg.algo.mini_batches,
-    )
+    # cache_len columns only fix the shardings)
+    rows, mini = cfg.data.batch_size * cfg.data.group_size, cfg.algo.mini_batches
     if rows % mini or (rows // mini) % cfg.algo.micro_batches:
         raise ValueError(
             f"config: batch_size*group_size={rows} rows must split into algo.mini_batches={mini} "
             f"of algo.micro_batches={cfg.algo.micro_batches} each"
         )
     mb = rows // mini
-    zeros = lambda dtype: np.zeros((mb, width), dtype)
+    zeros = lambda dtype: np.zeros((mb, cfg.rollout.cache_len), dtype)
     example = dict(
         tokens=zeros(np.int32),
         attention_mask=zeros(np.int32),
