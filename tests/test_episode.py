@@ -166,6 +166,41 @@ def test_rows_do_not_disturb_each_other_and_nothing_recompiles(searcher):
     assert smp.compiled_count() == count
 
 
+def test_micro_batched_rollout_concatenates_to_the_one_call_rollout(searcher):
+    """The trainer's `rollout.micro_batch` path: greedy episodes run in two calls and joined by
+    concat_trajectories equal the same episodes run in one call, field by field."""
+    from jaxsearch.rl.trainer import concat_trajectories
+
+    config, params, tok, world, retriever = searcher
+    protocol = get_protocol("search_r1")
+    smp = _searcher_sampler(config, tok, protocol)
+    cfg = episode.EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    questions = [q.question for q in world.questions["test"][8:12]]
+    together = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg)
+    halves = [
+        episode.run_episodes(smp, params, tok, protocol, retriever, questions[i : i + 2], cfg) for i in (0, 2)
+    ]
+    joined = concat_trajectories(halves)
+    assert joined.tokens.shape == together.tokens.shape
+    for name in (
+        "tokens",
+        "attention_mask",
+        "loss_mask",
+        "segment_ids",
+        "prompt_lengths",
+        "turns",
+        "searches",
+    ):
+        np.testing.assert_array_equal(getattr(joined, name), getattr(together, name), err_msg=name)
+    np.testing.assert_allclose(joined.logprobs, together.logprobs, atol=1e-5)
+    for name in ("answers", "responses", "doc_ids", "observations"):
+        assert getattr(joined, name) == getattr(together, name), name
+    np.testing.assert_array_equal(joined.truncated, together.truncated)
+    assert joined.timings.keys() == halves[0].timings.keys()
+    for k, v in joined.timings.items():
+        assert v == pytest.approx(halves[0].timings[k] + halves[1].timings[k])
+
+
 def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
     config, params, tok, world, retriever = searcher
     protocol = get_protocol("soar")
