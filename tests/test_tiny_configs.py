@@ -227,6 +227,12 @@ def test_reader_answers_from_the_evidence_alone():
     assert read_answer(
         "Who is older, Tobu Kes or Ana Kes?", evidence + " Ana Kes was born on 1 May 1849."
     ) == ("Ana Kes")
+    # evidence is model-written: a date slot holding other words is no date, not a crash
+    for date in ("Fesougum", " "):
+        assert (
+            read_answer("Who is older, Tobu Kes or Ana Kes?", evidence + f" Ana Kes was born on {date}.")
+            == ""
+        )
 
 
 def test_world_judge_grounded_when_the_answer_was_retrieved():

@@ -735,9 +735,11 @@ def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAEx
     raise ValueError("the world has too few distinct comparisons for the requested questions; enlarge it")
 
 
-def _year(value: str) -> int:
-    """The year of a value: a year ("1871") or a date ("12 March 1843")."""
-    return int(value.split()[-1])
+def _year(value: str) -> int | None:
+    """The year of a value: a year ("1871") or a date ("12 March 1843"); None for anything else, which
+    only model-written evidence holds ("X was born on Fesougum.")."""
+    words = value.split()
+    return int(words[-1]) if words and words[-1].isdigit() else None
 
 
 # ------------------------------------------------------------------------------------------- a rule-based reader
@@ -794,7 +796,9 @@ def read_answer(question: str, evidence: str) -> str:
             if (a, relation) not in value or (b, relation) not in value:
                 return ""
             ya, yb = _year(value[a, relation]), _year(value[b, relation])
-            return "" if ya == yb else (a if (ya < yb) == (first == 0) else b)
+            if ya is None or yb is None or ya == yb:
+                return ""
+            return a if (ya < yb) == (first == 0) else b
     for relation, pattern in _SAME:
         if match := pattern.match(question):
             a, b = match["a"], match["b"]
