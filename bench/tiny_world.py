@@ -8,7 +8,8 @@ fabrication rate), as mean ± std over seeds, one table row per config.
 
 Each run is `python launch/train.py --config CONFIG --config.seed=S --workdir OUT/NAME/seedS` (the world is
 the config's, the same for every seed; the seed sets the init, the SFT order and the RL sampling). A run whose
-workdir already holds a finished job is not redone. The table goes to stdout and to OUT/table.md.
+workdir already holds a finished job is not redone; an unfinished one resumes from its last checkpoint.
+The table goes to stdout and to OUT/table.md.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
 
 
 def finished(workdir: str) -> bool:
-    rows = evaluations(workdir)
-    return len(rows) >= 2 and os.path.exists(os.path.join(workdir, "grpo", "checkpoints"))
+    """The RL stage reached its last step: the trainer exports `grpo/params` only then (a crashed or
+    stopped run keeps its checkpoints and evaluations so far, and is resumed instead)."""
+    return os.path.exists(os.path.join(workdir, "grpo", "params"))
 
 
 def evaluations(workdir: str) -> list[dict]:
