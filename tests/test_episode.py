@@ -149,17 +149,27 @@ def test_searcher_episodes_mask_observations_and_match_a_fresh_forward(searcher)
             pos += len(ids)
 
 
-def test_rows_do_not_disturb_each_other_and_nothing_recompiles(searcher):
-    """Greedy rows give the same trajectory alone or in a batch; a second batch compiles nothing."""
+def _greedy_run(searcher):
+    """(sampler, run, questions, together): greedy search_r1 episodes of 4 test questions in one call
+    (`together`); `run(qs)` runs the same episodes for other questions."""
     config, params, tok, world, retriever = searcher
     protocol = get_protocol("search_r1")
     smp = _searcher_sampler(config, tok, protocol)
     cfg = episode.EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+
+    def run(qs):
+        return episode.run_episodes(smp, params, tok, protocol, retriever, qs, cfg)
+
     questions = [q.question for q in world.questions["test"][8:12]]
-    together = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg)
+    return smp, run, questions, run(questions)
+
+
+def test_rows_do_not_disturb_each_other_and_nothing_recompiles(searcher):
+    """Greedy rows give the same trajectory alone or in a batch; a second batch compiles nothing."""
+    smp, run, questions, together = _greedy_run(searcher)
     count = smp.compiled_count()
     for b, q in enumerate(questions):
-        alone = episode.run_episodes(smp, params, tok, protocol, retriever, [q] * 4, cfg)
+        alone = run([q] * 4)
         n = together.attention_mask[b].sum()
         np.testing.assert_array_equal(alone.tokens[0, :n], together.tokens[b, :n])
         np.testing.assert_array_equal(alone.loss_mask[0, :n], together.loss_mask[b, :n])
@@ -171,15 +181,8 @@ def test_micro_batched_rollout_concatenates_to_the_one_call_rollout(searcher):
     concat_trajectories equal the same episodes run in one call, field by field."""
     from jaxsearch.rl.trainer import concat_trajectories
 
-    config, params, tok, world, retriever = searcher
-    protocol = get_protocol("search_r1")
-    smp = _searcher_sampler(config, tok, protocol)
-    cfg = episode.EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
-    questions = [q.question for q in world.questions["test"][8:12]]
-    together = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg)
-    halves = [
-        episode.run_episodes(smp, params, tok, protocol, retriever, questions[i : i + 2], cfg) for i in (0, 2)
-    ]
+    _, run, questions, together = _greedy_run(searcher)
+    halves = [run(questions[:2]), run(questions[2:])]
     joined = concat_trajectories(halves)
     assert joined.tokens.shape == together.tokens.shape
     for name in (
