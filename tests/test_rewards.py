@@ -262,6 +262,23 @@ def test_combine_and_registry():
     custom = R.combine([(lambda s: np.full(len(s), 2.0), 0.5), ("sub_em", 2.0)])
     np.testing.assert_allclose(custom(samples), [3.0, 3.0, 1.0])
     assert R.combine([])(samples).tolist() == [0.0, 0.0, 0.0]
+
+    # score gives each term's own, unweighted values by name: a function's name, or its position when
+    # that name is taken
+    def em(s):
+        return np.full(len(s), 0.5)
+
+    def ones(s):
+        return np.ones(len(s))
+
+    total, by_term = R.combine([("em", 1.0), ("format", 0.2), (em, 3.0), (ones, -1.0)]).score(samples)
+    np.testing.assert_allclose(total, [1.7, 1.5, 0.5])
+    assert list(by_term) == ["em", "format", "term2", "ones"]
+    np.testing.assert_allclose(by_term["em"], [1, 1, 0])
+    np.testing.assert_allclose(by_term["format"], [1, 0, 0])
+    np.testing.assert_allclose(by_term["term2"], [0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match="each name may appear once"):
+        R.WeightedSum((("em", R.REWARDS["em"], 1.0), ("em", R.REWARDS["f1"], 1.0)))
     assert fn([]).shape == (0,)
     assert set(R.REWARDS) >= {"em", "f1", "sub_em", "format", "search_r1", "rsearch_format", "source_consistency"}
     with pytest.raises(ValueError, match="unknown reward 'nope'"):

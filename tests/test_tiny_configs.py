@@ -1,6 +1,7 @@
 """The tiny-world configs: each builds and runs a shortened main job; the SFT data options (early stop, SFT
 questions), the dev+test held-out file, and the world's rule-based judge and evidence reader on hand cases."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from jaxsearch.data.synthetic import generate_world, read_answer, read_facts, so
 from jaxsearch.rl import pipeline, rewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the configs package
 TRAIN = os.path.join(ROOT, "launch", "train.py")
 SHORT = [  # 10 SFT steps, 2 RL steps of 2 x 2 rows, 4 held-out questions at steps 0 and 2, a 1-layer model
     "--progress=false",
@@ -65,6 +67,13 @@ def test_tiny_config_runs_a_shortened_main_job(name, tmp_path):
     assert rows[-1]["step"] == 2
     if name == "tiny_cpu_ppo":
         assert "critic/vf_loss" in rows[-1]
+    # each reward term is logged apart, and the config's weighted sum of them is the logged reward
+    terms = importlib.import_module(f"configs.{name}").get_config().reward.terms
+    trained = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in trained] == [1, 2]
+    for row in trained:
+        assert {k for k in row if k.startswith("reward/")} == {f"reward/{t}" for t, _ in terms}
+        np.testing.assert_allclose(sum(w * row[f"reward/{t}"] for t, w in terms), row["reward"], atol=1e-6)
     # the held-out set is dev then test (4 questions here); RL trains on the questions SFT did not see
     held_out = qa.load_examples(os.path.join(workdir, "world", "dev+test.jsonl"))
     assert [e.id for e in held_out[:2]] == ["dev_0", "dev_1"] and held_out[50].id == "test_0"

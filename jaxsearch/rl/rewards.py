@@ -5,7 +5,8 @@ model (R-Search's evidence answerer, SOAR's fabrication judge) makes one batched
 
     REWARDS / get_reward(name)        text-only rewards by name: em, f1, sub_em, em_gated, f1_gated,
                                       format, search_r1, rsearch_format, source_consistency
-    combine([("em", 1.0), ("format", 0.2), (evidence_reward(answerer), 1.0)])   weighted sum
+    combine([("em", 1.0), ("format", 0.2), (evidence_reward(answerer), 1.0)])   weighted sum; its
+                                      `score(samples)` also gives each term's values by name
 
 `response` is everything after the prompt, decoded without special tokens: what the policy wrote
 plus the `<information>...</information>` observations the retriever inserted. Tags inside an
@@ -249,7 +250,7 @@ def evidence_reward(answerer: EvidenceAnswerer) -> RewardFn:
     One `answerer.answer` call per batch, for the trajectories that wrote evidence; the others get 0.
     """
 
-    def reward(samples: Sequence[RewardInput]) -> np.ndarray:
+    def evidence(samples: Sequence[RewardInput]) -> np.ndarray:
         out = np.zeros(len(samples), dtype=np.float64)
         evidences = [extract_evidence(s.response) for s in samples]
         rows = [i for i, e in enumerate(evidences) if e]
@@ -262,7 +263,7 @@ def evidence_reward(answerer: EvidenceAnswerer) -> RewardFn:
             out[i] = f1_score(answer, samples[i].golden_answers)
         return out
 
-    return reward
+    return evidence
 
 
 def rsearch_reward(answerer: EvidenceAnswerer) -> RewardFn:
@@ -323,10 +324,10 @@ def judge_fabrication(judge: Judge, samples: Sequence[RewardInput]) -> np.ndarra
 def fabrication_reward(judge: Judge) -> RewardFn:
     """1.0 when the judge finds the trajectory grounded, else 0.0 (an unparseable verdict gets 0)."""
 
-    def reward(samples: Sequence[RewardInput]) -> np.ndarray:
+    def grounded(samples: Sequence[RewardInput]) -> np.ndarray:
         return (judge_fabrication(judge, samples) == 0.0).astype(np.float64)
 
-    return reward
+    return grounded
 
 
 def fabrication_rate(scores: np.ndarray) -> float:
@@ -358,14 +359,37 @@ def get_reward(name: str) -> RewardFn:
     return REWARDS[name]
 
 
-def combine(terms: Sequence[tuple[str | RewardFn, float]]) -> RewardFn:
-    """Weighted sum of rewards, each given by registry name or as a reward function."""
-    fns = [(get_reward(t) if isinstance(t, str) else t, float(w)) for t, w in terms]
+@dataclasses.dataclass(frozen=True)
+class WeightedSum:
+    """A reward function: the weighted sum of named rewards. `score` also returns each term's own
+    (unweighted) values, so a trainer can log them apart without calling a model-backed term twice."""
 
-    def reward(samples: Sequence[RewardInput]) -> np.ndarray:
+    terms: tuple[tuple[str, RewardFn, float], ...]  # (name, reward function, weight)
+
+    def __post_init__(self):
+        names = [name for name, _, _ in self.terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward terms {names}: each name may appear once (merge the weights)")
+
+    def score(self, samples: Sequence[RewardInput]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(total [N], {name: values [N]}), both float64."""
+        values = [np.asarray(fn(samples), dtype=np.float64) for _, fn, _ in self.terms]
         total = np.zeros(len(samples), dtype=np.float64)
-        for fn, weight in fns:
-            total += weight * fn(samples)
-        return total
+        for (_, _, weight), v in zip(self.terms, values):
+            total += weight * v
+        return total, {name: v for (name, _, _), v in zip(self.terms, values)}
 
-    return reward
+    def __call__(self, samples: Sequence[RewardInput]) -> np.ndarray:
+        return self.score(samples)[0]
+
+
+def combine(terms: Sequence[tuple[str | RewardFn, float]]) -> WeightedSum:
+    """Weighted sum of rewards, each given by registry name or as a reward function (named after the
+    function, or `term{i}` when that name is taken or missing)."""
+    named = []
+    for i, (t, weight) in enumerate(terms):
+        name = t if isinstance(t, str) else getattr(t, "__name__", "")
+        if not name or name in {n for n, _, _ in named}:
+            name = f"term{i}"
+        named.append((name, get_reward(t) if isinstance(t, str) else t, float(weight)))
+    return WeightedSum(tuple(named))

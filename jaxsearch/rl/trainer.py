@@ -140,9 +140,10 @@ def chat_model(mcfg):
     raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai', 'local' or 'world'")
 
 
-def build_reward_fn(cfg):
-    """config.reward.terms -> one reward function. Names come from `rewards.REWARDS`, plus `evidence`
-    (R-Search, needs config.evidence_model) and `grounded` (SOAR's judge, needs config.judge)."""
+def build_reward_fn(cfg) -> rewards_lib.WeightedSum:
+    """config.reward.terms -> one reward function, its terms named as in the config. Names come from
+    `rewards.REWARDS`, plus `evidence` (R-Search, needs config.evidence_model) and `grounded` (SOAR's
+    judge, needs config.judge)."""
     terms = []
     for name, weight in cfg.reward.terms:
         if name == "evidence":
@@ -151,8 +152,8 @@ def build_reward_fn(cfg):
             fn = rewards_lib.fabrication_reward(judge_lib.ChatJudge(chat_model(cfg.judge)))
         else:
             fn = rewards_lib.get_reward(name)
-        terms.append((fn, weight))
-    return rewards_lib.combine(terms)
+        terms.append((name, fn, float(weight)))
+    return rewards_lib.WeightedSum(tuple(terms))
 
 
 @dataclasses.dataclass
@@ -164,7 +165,7 @@ class Setup:
     protocol: Any
     retriever: Any
     initial_retriever: Any
-    reward_fn: Any
+    reward_fn: rewards_lib.WeightedSum
     train_sampler: sampler_lib.Sampler
     eval_sampler: sampler_lib.Sampler
     episode_cfg: episode.EpisodeConfig
@@ -508,7 +509,8 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         traj = rollout(setup, state["policy"].params, questions, 7919 * (step + 1) + cfg.seed)
         t_rollout = time.perf_counter() - t0
 
-        scores = np.asarray(setup.reward_fn(reward_inputs(traj, batch_examples)), np.float32)
+        scores, reward_terms = setup.reward_fn.score(reward_inputs(traj, batch_examples))
+        scores = scores.astype(np.float32)
         width = update_width(traj.attention_mask, cfg.rollout.cache_len, cfg.algo.pad_multiple)
         tokens, attn, lmask = (pad_to(x, width) for x in (traj.tokens, traj.attention_mask, traj.loss_mask))
         t1 = time.perf_counter()
@@ -566,6 +568,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         metrics.update(
             {
                 "reward": float(scores.mean()),
+                **{f"reward/{name}": float(v.mean()) for name, v in reward_terms.items()},
                 "time/rollout_s": t_rollout,
                 "time/update_s": t_update,
                 "time/step_s": elapsed,
