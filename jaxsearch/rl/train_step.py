@@ -28,9 +28,6 @@ from jaxsearch import multihost, parallel
 from jaxsearch.models import qwen2
 from jaxsearch.rl import losses
 
-BATCH_KEYS = ("tokens", "attention_mask", "loss_mask", "advantages", "old_logprobs", "ref_logprobs")
-
-
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """The policy objective. Static under jit."""
