@@ -97,6 +97,11 @@ def test_resume_after_sigkill_is_bit_identical(uninterrupted, tmp_path):
     # the metrics file has each step once, as if never interrupted
     steps = [json.loads(line)["step"] for line in open(os.path.join(workdir, "grpo", "metrics.jsonl"))]
     assert steps == sorted(set(steps)) and steps[-1] == 6
+    # the run's config is in the workdir, once: the resume ran the same config
+    recorded = json.load(open(os.path.join(workdir, "config.json")))
+    assert recorded["total_steps"] == 6 and recorded["model"]["hidden_size"] == 64
+    assert not os.path.exists(os.path.join(workdir, "config.1.json"))
+    assert "another config" not in again.stderr
 
 
 def test_finished_run_exports_its_final_policy_as_a_params_dir(uninterrupted):
@@ -147,6 +152,28 @@ def test_ppo_with_critic_runs_and_logs_critic_metrics(tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(workdir, "grpo", "metrics.jsonl"))]
     last = rows[-1]
     assert last["step"] == 2 and np.isfinite(last["critic/vf_loss"]) and np.isfinite(last["pg_loss"])
+
+
+def test_rerun_with_another_config_keeps_the_earlier_one_and_names_what_changed(tmp_path, caplog):
+    import ml_collections
+    from jaxsearch.rl.pipeline import record_config
+
+    cfg = ml_collections.ConfigDict(dict(total_steps=40, reward=dict(terms=(("em", 1.0),)), seed=0))
+    record_config(cfg, str(tmp_path))
+    first = (tmp_path / "config.json").read_text()
+    assert json.loads(first) == {"reward": {"terms": [["em", 1.0]]}, "seed": 0, "total_steps": 40}
+    record_config(cfg, str(tmp_path))  # the same config: nothing kept, nothing said
+    assert sorted(os.listdir(tmp_path)) == ["config.json"] and not caplog.records
+    cfg.total_steps = 100
+    cfg.reward.terms = (("f1", 1.0),)
+    with caplog.at_level("WARNING"):
+        record_config(cfg, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.1.json", "config.json"]
+    assert (tmp_path / "config.1.json").read_text() == first
+    assert json.loads((tmp_path / "config.json").read_text())["total_steps"] == 100
+    message = caplog.records[-1].getMessage()
+    assert "reward.terms ([['em', 1.0]] -> [['f1', 1.0]])" in message and "total_steps (40 -> 100)" in message
+    assert "seed" not in message
 
 
 def test_eval_summary_reports_first_and_last_evaluation(tmp_path):

@@ -3,6 +3,7 @@
     WORKDIR/world/   corpus.jsonl, train/dev/test.jsonl, tokenizer.json   (config.world.size set)
     WORKDIR/sft/     metrics.jsonl, params/ (orbax)                       (config.sft.steps > 0)
     WORKDIR/grpo/    metrics.jsonl, checkpoints/, tb/                     (always; PPO too)
+    WORKDIR/config.json  the config as run; a rerun with another config keeps the earlier as config.N.json
 
 Each stage is skipped when its output is already complete, so rerunning the same command resumes.
 """
@@ -10,6 +11,7 @@ Each stage is skipped when its output is already complete, so rerunning the same
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -18,6 +20,8 @@ import ml_collections
 
 from jaxsearch import checkpoint
 from jaxsearch.rl import trainer
+
+log = logging.getLogger("jaxsearch.pipeline")
 
 
 def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
@@ -126,9 +130,52 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     return params_dir
 
 
+def record_config(cfg, workdir: str) -> None:
+    """Write `cfg` to WORKDIR/config.json. A workdir started with another config (a resume with changed
+    overrides) keeps the earlier one as config.N.json and gets a warning naming the keys that differ."""
+    path = os.path.join(workdir, "config.json")
+    new = json.loads(cfg.to_json_best_effort(sort_keys=True))
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old == new:
+            return
+        before, after = _flatten(old), _flatten(new)
+        changed = [
+            f"{k} ({before.get(k, '-')} -> {after.get(k, '-')})"
+            for k in sorted(before.keys() | after.keys())
+            if before.get(k, "-") != after.get(k, "-")
+        ]
+        n = 1
+        while os.path.exists(os.path.join(workdir, f"config.{n}.json")):
+            n += 1
+        os.replace(path, os.path.join(workdir, f"config.{n}.json"))
+        log.warning(
+            "%s was run before with another config (kept as config.%d.json): %s",
+            workdir,
+            n,
+            ", ".join(changed),
+        )
+    with open(path, "w") as f:
+        json.dump(new, f, indent=2, sort_keys=True)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def run(cfg, workdir: str, progress: bool = True) -> dict:
     """All configured stages; returns the RL stage's last metrics."""
     os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:
+        record_config(cfg, workdir)
     if cfg.world.size:
         cfg = prepare_world(cfg, workdir)
     if cfg.sft.steps:
