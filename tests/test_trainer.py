@@ -174,6 +174,14 @@ def test_rerun_with_another_config_keeps_the_earlier_one_and_names_what_changed(
     message = caplog.records[-1].getMessage()
     assert "reward.terms ([['em', 1.0]] -> [['f1', 1.0]])" in message and "total_steps (40 -> 100)" in message
     assert "seed" not in message
+    # a half-written record (a kill before atomic writes) is kept too, not a crash
+    (tmp_path / "config.json").write_text('{"total_steps": 1')
+    with caplog.at_level("WARNING"):
+        record_config(cfg, str(tmp_path))
+    assert (tmp_path / "config.2.json").read_text() == '{"total_steps": 1'
+    assert "not valid JSON" in caplog.records[-1].getMessage()
+    assert json.loads((tmp_path / "config.json").read_text())["total_steps"] == 100
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
 
 
 def test_eval_summary_reports_first_and_last_evaluation(tmp_path):

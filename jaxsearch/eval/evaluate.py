@@ -45,6 +45,7 @@ from tqdm import tqdm
 from jaxsearch.data.qa import QAExample
 from jaxsearch.eval import metrics as qa_metrics
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
+from jaxsearch.files import atomic_write_text
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.metrics import recall_at_k
 from jaxsearch.rl import rewards as rewards_lib
@@ -353,16 +354,9 @@ def _cell(value, key: str) -> str:
 def write_summary(out_dir: str, datasets: dict[str, list[QAExample]]) -> dict:
     """summary.json and results.md from the record files (each replaced atomically); returns the summary."""
     summary = summary_from_files(out_dir, datasets)
-    _atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
-    _atomic_write(os.path.join(out_dir, "results.md"), markdown_table(summary))
+    atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(os.path.join(out_dir, "results.md"), markdown_table(summary))
     return summary
-
-
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------- run settings
@@ -393,4 +387,4 @@ def claim_out_dir(out_dir: str, settings: dict, dataset_paths: dict[str, str]) -
                 f"{path}: dataset {name} was evaluated from {previous}, not {dataset_path}; use another name"
             )
         stored["datasets"][name] = dataset_path
-    _atomic_write(path, json.dumps(stored, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(stored, indent=2) + "\n")

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxsearch.files import atomic_write_text
 from jaxsearch.retrieval.bm25 import BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
 from jaxsearch.retrieval.dense import DenseRetriever, fill_index, new_index
@@ -51,13 +52,6 @@ def commit(tmp: str, out: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_json(path: str, obj: dict) -> None:
-    """Atomic JSON write (a kill leaves the old or the new file, never half of one)."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f)
-    os.replace(path + ".tmp", path)
-
-
 def encode_corpus(corpus: Corpus, encoder: Encoder, workdir: str, batch_size: int = 256,
                   progress: bool = True) -> np.ndarray:
     """Embed every passage into `workdir/embeddings.npy` ([N, d] float32 memmap), resuming a matching
@@ -83,7 +77,7 @@ def encode_corpus(corpus: Corpus, encoder: Encoder, workdir: str, batch_size: in
             emb[done:done + len(batch)] = encoder.encode_passages([d.contents for d in batch], batch_size)
             done += len(batch)
             emb.flush()
-            _write_json(prog_path, {"job": job, "rows_done": done})
+            atomic_write_text(prog_path, json.dumps({"job": job, "rows_done": done}))
             bar.update(len(batch))
     return emb
 

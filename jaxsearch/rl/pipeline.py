@@ -19,6 +19,7 @@ import jax
 import ml_collections
 
 from jaxsearch import checkpoint
+from jaxsearch.files import atomic_write, atomic_write_text
 from jaxsearch.rl import trainer
 
 log = logging.getLogger("jaxsearch.pipeline")
@@ -60,8 +61,7 @@ def rl_train_file(world_dir: str, sft_questions: int) -> str:
         )
     path = os.path.join(world_dir, f"train_rl_{sft_questions}.jsonl")
     if not os.path.exists(path):
-        qa.write_jsonl(rows[sft_questions:], path + ".tmp")
-        os.replace(path + ".tmp", path)
+        atomic_write(path, lambda tmp: qa.write_jsonl(rows[sft_questions:], tmp))
     return path
 
 
@@ -77,8 +77,7 @@ def held_out_file(world_dir: str, eval_split: str) -> str:
     path = os.path.join(world_dir, eval_split + ".jsonl")
     if len(splits) > 1 and not os.path.exists(path):
         rows = [e for s in splits for e in qa.load_examples(os.path.join(world_dir, s + ".jsonl"))]
-        qa.write_jsonl(rows, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        atomic_write(path, lambda tmp: qa.write_jsonl(rows, tmp))
     return path
 
 
@@ -136,16 +135,20 @@ def record_config(cfg, workdir: str) -> None:
     path = os.path.join(workdir, "config.json")
     new = json.loads(cfg.to_json_best_effort(sort_keys=True))
     if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
+        try:
+            with open(path) as f:
+                old = json.load(f)
+        except json.JSONDecodeError as e:
+            old, changed = None, [f"the recorded one is not valid JSON ({e})"]
         if old == new:
             return
-        before, after = _flatten(old), _flatten(new)
-        changed = [
-            f"{k} ({before.get(k, '-')} -> {after.get(k, '-')})"
-            for k in sorted(before.keys() | after.keys())
-            if before.get(k, "-") != after.get(k, "-")
-        ]
+        if old is not None:
+            before, after = _flatten(old), _flatten(new)
+            changed = [
+                f"{k} ({before.get(k, '-')} -> {after.get(k, '-')})"
+                for k in sorted(before.keys() | after.keys())
+                if before.get(k, "-") != after.get(k, "-")
+            ]
         n = 1
         while os.path.exists(os.path.join(workdir, f"config.{n}.json")):
             n += 1
@@ -156,8 +159,7 @@ def record_config(cfg, workdir: str) -> None:
             n,
             ", ".join(changed),
         )
-    with open(path, "w") as f:
-        json.dump(new, f, indent=2, sort_keys=True)
+    atomic_write_text(path, json.dumps(new, indent=2, sort_keys=True) + "\n")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

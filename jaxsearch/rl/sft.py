@@ -24,6 +24,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from jaxsearch.files import atomic_write, atomic_write_text
 from jaxsearch.models import qwen2
 
 
@@ -138,7 +139,7 @@ def train_tiny_searcher(
     out = _cache_dir(seed, steps, cache_dir)
     if not (out / "corpus.jsonl").exists():
         out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(out / "corpus.jsonl", lambda path: _write_corpus(world, path))
+        atomic_write(out / "corpus.jsonl", lambda path: _write_corpus(world, path))
     retriever = make_retriever("bm25", corpus=str(out / "corpus.jsonl"), progress=False)
     if (out / "params.npz").exists():
         return config, _load_params(config, out / "params.npz"), tokenizer, world, retriever
@@ -152,8 +153,8 @@ def train_tiny_searcher(
     start = time.perf_counter()
     params, losses = sft_train(config, params, batches, steps, hp["lr"], hp["warmup"], 25, progress)
     history = {"loss": losses, "seconds": time.perf_counter() - start, "examples": len(examples)}
-    _atomic_write(out / "history.json", lambda path: Path(path).write_text(json.dumps(history)))
-    _atomic_write(out / "params.npz", lambda path: _save_params(params, path))
+    atomic_write_text(out / "history.json", json.dumps(history))
+    atomic_write(out / "params.npz", lambda path: _save_params(params, path))
     return config, params, tokenizer, world, retriever
 
 
@@ -182,12 +183,6 @@ def _write_corpus(world, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for passage in world.passages:
             f.write(json.dumps({"id": passage.id, "contents": passage.contents}) + "\n")
-
-
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def _save_params(params, path: str) -> None:
