@@ -39,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tokenizer = dict(kind="qwen", path="")  # kind: qwen | word (path: a WordTokenizer json)
 
     c.protocol = dict(name="search_r1", tags="search_r1")  # tags: EKA's tag set (search_r1 | graph_r1)
+    c.protocol.data_prompt = True  # search_r1: prompt with a dataset row's own `prompt` (Search-R1 parquet)
     # In-loop retriever; kind: bm25 | dense | remote. EKA's P0 may come from another one (noisy-P0 ablation).
     # split_across_hosts: each process of a multi-host run searches 1/N of the queries and the results are
     # all-gathered (retrieval/host_split.py); off, every process searches the whole batch itself

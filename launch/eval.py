@@ -9,13 +9,19 @@
 --checkpoint is an HF safetensors dir or a jaxsearch params dir (config.json + params/, e.g. from SFT or
 convert_checkpoint.py). Writes to --out: NAME.jsonl (one record per example with the full trajectory),
 summary.json and results.md (EM, F1, sub-EM, retrieval recall@k, R-S, turns, searches, fabrication rate,
-entropy per segment type; per dataset and on average). Rerunning the same command skips finished examples;
+entropy per segment type; per dataset, per Search-R1 `data_source` within a dataset, and on average).
+Rerunning the same command skips finished examples;
 --out refuses results of different settings (run.json).
 
 Recall@k counts an example when a golden answer occurs in any passage the episode retrieved (each search's
 top-k, and EKA's P0 unless --exclude-p0). R-S needs gold passages: the dataset's metadata.supporting_ids,
 looked up in the retriever's corpus (or --corpus with a remote retriever); a dataset without them reports
 R-S as null (as do all with --rs-encoder none). The fabrication rate needs a judge (--judge-url).
+
+Search-R1 parquet: examples are identified by (data_source, id), so a merged test set (nq, triviaqa, ... with
+ids repeated across sources) is one dataset, broken down by data source in results.md and summary.json. Under
+the search_r1 protocol a row's own `prompt` is what the policy sees (a warning says when it differs from the
+built-in template); --builtin-prompt uses the built-in one instead.
 """
 
 import argparse
@@ -49,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--initial-k", type=int, default=None, help="EKA's P0 passages (default: --topk)")
     g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (temperature > 0)")
+    g.add_argument(
+        "--builtin-prompt", action="store_true", help="search_r1: ignore the dataset's own prompt, use ours"
+    )
     g.add_argument("--max-turns", type=int, default=4, help="turns that may search")
     g.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
     g.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
@@ -112,6 +121,8 @@ def settings(args) -> dict:
     out = {k: getattr(args, k) for k in keys + ["checkpoint"]}
     if args.protocol != "eka":
         out["eka_tags"] = out["initial_k"] = None
+    if args.builtin_prompt:  # recorded only when set: run.json files written before the option still match
+        out["builtin_prompt"] = True
     return out
 
 
@@ -177,15 +188,21 @@ def main(argv=None) -> int:
 
 
 def load_datasets(paths: dict[str, str], limit: int) -> dict:
-    """name -> the first `limit` (0: all) examples of its QA file; ids must be unique (records are keyed by id)."""
+    """name -> the first `limit` (0: all) examples of its QA file; (data_source, id) must be unique (records
+    are keyed by it)."""
+    import collections
+
     from jaxsearch.data import qa
 
     datasets = {}
     for name, path in paths.items():
         datasets[name] = qa.load_examples(path)[: limit or None]
-        ids = [ex.id for ex in datasets[name]]
-        if len(set(ids)) != len(ids):
-            raise qa.QADataError(f"{path}: duplicate example ids")
+        counts = collections.Counter(ex.key for ex in datasets[name])
+        repeated = [key for key, n in counts.items() if n > 1]
+        if repeated:
+            source, example_id = repeated[0]
+            where = f"id {example_id!r}" + ("" if source is None else f" in data_source {source!r}")
+            raise qa.QADataError(f"{path}: duplicate example {where} ({len(repeated)} repeated in all)")
     return datasets
 
 
@@ -220,6 +237,7 @@ def run(args, datasets, progress: bool) -> dict:
         rs_encoder=encoder,
         include_initial=not args.exclude_p0,
         progress=progress,
+        use_data_prompt=not args.builtin_prompt,
     )
 
 

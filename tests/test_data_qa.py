@@ -3,6 +3,7 @@ QAIterator order and exact resume."""
 
 import json
 import os
+import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ from jaxsearch.data.qa import (
     find_split,
     iter_examples,
     load_examples,
+    prompt_messages,
     write_jsonl,
 )
 
@@ -100,6 +102,60 @@ def test_flashrag_parquet_and_streaming(tmp_path):
     stream = iter_examples(path)
     assert next(stream).id == "dev_0"
     assert [e.golden_answers[0] for e in stream][-1] == "a2999"
+
+
+# Search-R1's merged test set: the output of its scripts/data_process/qa_search_test_merge.py (see
+# tests/data/search_r1/README.md). Its rows' `question` column is what make_prefix put in the prompt.
+MERGED = os.path.join(os.path.dirname(__file__), "data", "search_r1", "test_merged.parquet")
+
+
+def test_search_r1_merged_test_set_keys_by_data_source_and_id():
+    rows = pq.read_table(MERGED).to_pylist()
+    examples = load_examples(MERGED)
+    assert [e.id for e in examples].count("test_0") == 3  # nq, triviaqa and custom
+    assert [e.key for e in examples] == [(r["data_source"], r["id"]) for r in rows]
+    assert len({e.key for e in examples}) == len(rows) == 12
+    assert [e.question for e in examples] == [r["question"] for r in rows]
+    assert [e.prompt for e in examples] == [r["prompt"] for r in rows]
+    assert [e.golden_answers for e in examples] == [r["reward_model"]["ground_truth"]["target"] for r in rows]
+
+
+def test_question_recovered_exactly_from_search_r1s_prompt(tmp_path):
+    # Without the question column, the question is what make_prefix put between its prefix and the final
+    # newline, even when the question itself contains "Question:".
+    table = pq.read_table(MERGED)
+    path = tmp_path / "test.parquet"
+    pq.write_table(table.drop(["question", "id"]), path)
+    examples = load_examples(path)
+    assert [e.question for e in examples] == table.column("question").to_pylist()
+    assert examples[10].question == "Question: what does the sign over the Ostral gate say?"
+    assert examples[11].question == "Answer this. Question: who keeps the lantern of Velmora?"
+    assert examples[10].id == "custom_test_0"  # {data_source}_{split}_{index}
+
+
+def test_prompt_messages_use_the_datasets_prompt_for_search_r1_only():
+    examples = load_examples(MERGED)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the parquet's prompts are the built-in template: no warning
+        assert prompt_messages(examples, "search_r1") == [e.prompt for e in examples]
+    assert prompt_messages(examples, "search_r1", use_data_prompt=False) is None
+    assert prompt_messages(examples, "eka") is None
+    assert prompt_messages([QAExample("1", "Who?", ["X"])], "search_r1") is None
+    custom = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who? Use <search>."}]
+    mixed = [QAExample("1", "Who?", ["X"], prompt=custom), QAExample("2", "What?", ["Y"])]
+    with pytest.warns(UserWarning, match="differs from the built-in search_r1 template"):
+        assert prompt_messages(mixed, "search_r1") == [custom, None]
+
+
+def test_prompt_round_trips_through_jsonl_and_bad_prompt_names_the_field(tmp_path):
+    custom = [{"role": "user", "content": "Question: Who?"}]
+    write_jsonl([QAExample("1", "Who?", ["X"], prompt=custom)], tmp_path / "dev.jsonl")
+    assert load_examples(tmp_path / "dev.jsonl")[0].prompt == custom
+    (tmp_path / "bad.jsonl").write_text(
+        '{"id": "1", "question": "Who?", "golden_answers": ["X"], "prompt": [{"role": "user"}]}\n'
+    )
+    with pytest.raises(QADataError, match=r"bad\.jsonl:1: field 'prompt\[0\]'"):
+        load_examples(tmp_path / "bad.jsonl")
 
 
 GOOD = '{"id": "1", "question": "Who?", "golden_answers": ["X"]}'

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from jaxsearch import checkpoint, parallel
@@ -339,3 +340,108 @@ def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
     redone, original = json.loads(after[-1]), json.loads(lines[-1])
     for key in ("id", "prediction", "tokens", "loss_mask", "doc_ids", "metrics"):  # greedy: the same episode
         assert redone[key] == original[key]
+
+
+# ------------------------------------------------------------------------------------------- Search-R1 data
+
+# Search-R1's merged test set (qa_search_test_merge.py's output, tests/data/search_r1/README.md): nq, triviaqa
+# and custom rows, ids repeated across them.
+MERGED = ROOT / "tests" / "data" / "search_r1" / "test_merged.parquet"
+
+
+def _setup(tiny, *extra):
+    launch = load_launch_module()
+    args = launch.parse_args(
+        [str(a) for a in common_args(tiny)] + ["--datasets", f"m={MERGED}", "--out", "x", *extra]
+    )
+    from jaxsearch.rl import trainer
+
+    mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
+    return trainer.make_setup(launch.make_config(args), mesh, tiny["config"])
+
+
+def test_merged_search_r1_test_set_per_data_source(tiny, tmp_path):
+    launch = load_launch_module()
+    examples = launch.load_datasets({"merged": str(MERGED)}, 0)["merged"]  # repeated ids are not refused
+    setup = _setup(tiny)
+    summary = ev.evaluate(setup, tiny["params"], {"merged": examples}, str(tmp_path), 8, progress=False)
+    records = read_jsonl(tmp_path / "merged.jsonl")
+    rows = pq.read_table(MERGED).to_pylist()
+    assert [(r["data_source"], r["id"]) for r in records] == [(r["data_source"], r["id"]) for r in rows]
+    assert summary["datasets"]["merged"]["n"] == 12
+    sources = summary["data_sources"]["merged"]
+    assert list(sources) == ["nq", "triviaqa", "custom"]
+    assert [sources[s]["n"] for s in sources] == [5, 5, 2]
+    for source, s in sources.items():  # recomputed from the JSONL
+        mine = [r for r in records if r["data_source"] == source]
+        preds = [(r["prediction"] or "", r["golden_answers"]) for r in mine]
+        assert s["em"] == pytest.approx(np.mean([exact_match(p, g) for p, g in preds]))
+        assert s["f1"] == pytest.approx(np.mean([f1_score(p, g) for p, g in preds]))
+        assert s["turns"] == pytest.approx(np.mean([r["turns"] for r in mine]))
+    assert summary["average"]["n"] == 12  # the average is over datasets, not data sources
+    table = (tmp_path / "results.md").read_text().splitlines()
+    assert [line.split("|")[1].strip() for line in table[2:]] == [
+        "merged", "merged/nq", "merged/triviaqa", "merged/custom", "average"
+    ]  # fmt: skip
+    # the prompt is the parquet's own chat list, as the chat template renders it
+    tok = tiny["tokenizer"]
+    for r, ex in zip(records, examples):
+        text = tok.apply_chat_template(ex.prompt, add_generation_prompt=True)
+        assert r["tokens"][: r["prompt_length"]] == tok.encode(text, allow_special=True)
+    # a rerun finds every example by (data_source, id): nothing is searched again
+    calls = []
+    setup.retriever.search = lambda q, k: calls.append(q) or []
+    again = ev.evaluate(setup, tiny["params"], {"merged": examples}, str(tmp_path), 8, progress=False)
+    assert again == summary
+    assert calls == []
+
+
+def test_records_without_data_source_still_resume(tiny, tmp_path):
+    """Records written before data sources were recorded (no `data_source` field) count as done."""
+    examples = [ex for ex in qa.load_examples(MERGED) if ex.data_source == "nq"]
+    setup = _setup(tiny)
+    ev.evaluate(setup, tiny["params"], {"nq": examples}, str(tmp_path), batch_size=8, progress=False)
+    path = tmp_path / "nq.jsonl"
+    old = [{k: v for k, v in r.items() if k != "data_source"} for r in read_jsonl(path)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    before = path.read_bytes()
+    assert ev.pending(str(tmp_path), {"nq": examples}) == {"nq": []}
+    summary = ev.write_summary(str(tmp_path), {"nq": examples})
+    assert summary["datasets"]["nq"]["n"] == summary["data_sources"]["nq"]["nq"]["n"] == 5
+    assert path.read_bytes() == before
+
+
+def test_custom_prompt_is_used_and_builtin_prompt_restores_ours(tiny, tmp_path):
+    custom = [{"role": "user", "content": "question who wrote it <search>"}]
+    examples = [dataclasses.replace(ex, prompt=custom) for ex in qa.load_examples(MERGED)[:2]]
+    tok = tiny["tokenizer"]
+    with pytest.warns(UserWarning, match="differs from the built-in search_r1 template"):
+        ev.evaluate(_setup(tiny), tiny["params"], {"a": examples}, str(tmp_path / "a"), 8, progress=False)
+    for r in read_jsonl(tmp_path / "a" / "a.jsonl"):
+        assert r["tokens"][: r["prompt_length"]] == tok.encode(
+            tok.apply_chat_template(custom, add_generation_prompt=True), allow_special=True
+        )
+    launch = load_launch_module()
+    argv = [str(a) for a in common_args(tiny)] + ["--datasets", f"m={MERGED}", "--out", "x"]
+    assert launch.settings(launch.parse_args(argv + ["--builtin-prompt"]))["builtin_prompt"] is True
+    assert "builtin_prompt" not in launch.settings(launch.parse_args(argv))  # old run.json files still match
+    setup = _setup(tiny, "--builtin-prompt")
+    out = str(tmp_path / "b")
+    ev.evaluate(setup, tiny["params"], {"b": examples}, out, 8, progress=False, use_data_prompt=False)
+    for r, ex in zip(read_jsonl(tmp_path / "b" / "b.jsonl"), examples):
+        messages = setup.protocol.build_messages(ex.question)
+        assert r["tokens"][: r["prompt_length"]] == tok.encode(
+            tok.apply_chat_template(messages, add_generation_prompt=True), allow_special=True
+        )
+
+
+def test_duplicate_data_source_and_id_is_refused(tmp_path):
+    launch = load_launch_module()
+    rows = [
+        {"id": "test_0", "question": "q?", "golden_answers": ["a"], "metadata": {"data_source": "nq"}},
+        {"id": "test_0", "question": "q?", "golden_answers": ["a"], "metadata": {"data_source": "nq"}},
+    ]
+    path = tmp_path / "dup.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(qa.QADataError, match="duplicate example id 'test_0' in data_source 'nq'"):
+        launch.load_datasets({"dup": str(path)}, 0)

@@ -5,9 +5,13 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
 - FlashRAG: `{"id", "question", "golden_answers": [...], "metadata": {...}}` (`metadata` optional). Our
   synthetic data puts the gold passage ids in `metadata["supporting_ids"]`.
 - Search-R1 (`scripts/data_process/nq_search.py`): the FlashRAG columns plus `data_source`, `prompt` (a chat
-  list whose user turn ends with "Question: {question}"), `ability`, `reward_model: {"style", "ground_truth":
-  {"target": [...]}}` and `extra_info: {"split", "index"}`. The answers come from `reward_model`; `id` and
-  `question` fall back to `{data_source}_{split}_{index}` and the prompt's question when absent.
+  list whose user turn is `make_prefix`'s template around the question), `ability`, `reward_model: {"style",
+  "ground_truth": {"target": [...]}}` and `extra_info: {"split", "index"}`. The answers come from
+  `reward_model`; `id` falls back to `{data_source}_{split}_{index}`; `question` to the text between the
+  template's known prefix and its final newline (a prompt of another template: the text after its last
+  "Question:"). The chat list is kept as `QAExample.prompt`; `prompt_messages` hands it to the search_r1
+  protocol. A merged Search-R1 test set repeats ids across data sources: an example is identified by
+  (`data_source`, `id`) (`QAExample.key`).
 
 A path `tfds:NAME[/CONFIG][:VERSION]?split=SPLIT[&data_dir=DIR]` reads a prepared tensorflow-datasets builder
 instead (trivia_qa, natural_questions, ...; optional extra `[tfds]`): see `jaxsearch/data/tfds_source.py`.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -36,25 +41,40 @@ class QADataError(ValueError):
 
 @dataclasses.dataclass
 class QAExample:
-    """One question. `supporting_ids`: ids of the gold passages (None when the dataset has none)."""
+    """One question. `supporting_ids`: ids of the gold passages (None when the dataset has none);
+    `prompt`: the row's own chat messages (Search-R1 parquet), None when it has none."""
 
     id: str
     question: str
     golden_answers: list[str]
     supporting_ids: list[str] | None = None
     metadata: dict = dataclasses.field(default_factory=dict)
+    prompt: list[dict] | None = None
+
+    @property
+    def data_source(self) -> str | None:
+        """Search-R1's `data_source` (nq, triviaqa, ...), None for rows without one."""
+        return self.metadata.get("data_source")
+
+    @property
+    def key(self) -> tuple[str | None, str]:
+        """(data_source, id): what identifies an example in a merged Search-R1 test set."""
+        return self.data_source, self.id
 
     def to_json(self) -> dict:
-        """The FlashRAG row; `supporting_ids` goes into `metadata` when present."""
+        """The FlashRAG row; `supporting_ids` goes into `metadata` when present, `prompt` when not None."""
         metadata = dict(self.metadata)
         if self.supporting_ids is not None:
             metadata["supporting_ids"] = list(self.supporting_ids)
-        return {
+        row = {
             "id": self.id,
             "question": self.question,
             "golden_answers": list(self.golden_answers),
             "metadata": metadata,
         }
+        if self.prompt is not None:
+            row["prompt"] = [dict(m) for m in self.prompt]
+        return row
 
 
 def example_from_dict(row: dict, where: str) -> QAExample:
@@ -78,6 +98,7 @@ def example_from_dict(row: dict, where: str) -> QAExample:
     if not isinstance(question, str) or not question.strip():
         raise QADataError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
     supporting = metadata.get("supporting_ids")
+    prompt = row.get("prompt")
     return QAExample(
         id=str(example_id),
         question=question.strip(),
@@ -86,6 +107,7 @@ def example_from_dict(row: dict, where: str) -> QAExample:
         if supporting is None
         else _string_list(supporting, "metadata.supporting_ids", where),
         metadata=metadata,
+        prompt=None if prompt is None else _chat_messages(prompt, where),
     )
 
 
@@ -113,14 +135,47 @@ def _search_r1_fields(row: dict, metadata: dict, where: str) -> tuple[object, ob
 
 
 def _question_from_prompt(prompt: object, where: str) -> str:
-    """The text after the last "Question:" in the prompt's user turn (Search-R1's make_prefix)."""
-    if not isinstance(prompt, list):
-        raise QADataError(f"{where}: field 'prompt' must be a list of chat messages")
-    for message in prompt:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str) and message.get("role") == "user" and "Question:" in content:
-            return content.rpartition("Question:")[2].strip()
+    """The question in the prompt's user turn: exactly what Search-R1's `make_prefix` put between its prefix
+    and its final newline; for another template, the text after the last "Question:"."""
+    prefix, _, suffix = _search_r1_template().partition("{question}")
+    for message in _chat_messages(prompt, where):
+        content = message["content"]
+        if message["role"] != "user":
+            continue
+        if content.startswith(prefix) and content.endswith(suffix) and len(content) > len(prefix + suffix):
+            return content[len(prefix) : len(content) - len(suffix)]
+        if "Question:" in content:
+            return content.rpartition("Question:")[2]
     raise QADataError(f"{where}: field 'prompt' has no user message containing 'Question:'")
+
+
+def _search_r1_template() -> str:
+    from jaxsearch.rollout.protocols import SEARCH_R1_PROMPT  # Search-R1's make_prefix, "{question}" inside
+
+    return SEARCH_R1_PROMPT
+
+
+def _chat_messages(prompt: object, where: str) -> list[dict]:
+    """A chat list `[{"role": str, "content": str}, ...]` (extra keys dropped); errors name field 'prompt'."""
+    if isinstance(prompt, np.ndarray):  # pandas-written parquet may hold lists as arrays
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise QADataError(
+            f"{where}: field 'prompt' must be a non-empty list of chat messages, got {prompt!r:.200}"
+        )
+    out = []
+    for i, message in enumerate(prompt):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise QADataError(
+                f"{where}: field 'prompt[{i}]' must be an object with string 'role' and 'content', "
+                f"got {message!r:.200}"
+            )
+        out.append({"role": message["role"], "content": message["content"]})
+    return out
 
 
 def _require(row: dict, field: str, where: str) -> object:
@@ -179,6 +234,33 @@ def _parquet_rows(path: str) -> Iterator[tuple[str, object]]:
         for row in batch.to_pylist():
             row_no += 1
             yield f"{path}: row {row_no}", row
+
+
+def prompt_messages(
+    examples: Sequence[QAExample], protocol: str, use_data_prompt: bool = True
+) -> list[list[dict] | None] | None:
+    """Per example, the chat messages to prompt with instead of the protocol's own: the dataset's `prompt`
+    under the search_r1 protocol (None where an example has none); None when nothing replaces the protocol's
+    prompt (another protocol, `use_data_prompt=False`, or no example with a prompt).
+
+    Warns when a dataset prompt differs from the built-in Search-R1 template filled with its question.
+    """
+    if protocol != "search_r1" or not use_data_prompt or all(ex.prompt is None for ex in examples):
+        return None
+    template = _search_r1_template()
+    from jaxsearch.rollout.protocols import search_r1_question
+
+    builtin = [
+        [{"role": "user", "content": template.format(question=search_r1_question(ex.question))}]
+        for ex in examples
+    ]
+    if any(ex.prompt is not None and ex.prompt != ours for ex, ours in zip(examples, builtin)):
+        warnings.warn(
+            "the dataset's own prompt differs from the built-in search_r1 template; prompting with the "
+            "dataset's (config protocol.data_prompt=False or launch/eval.py --builtin-prompt: the built-in one)",
+            stacklevel=2,
+        )
+    return [ex.prompt for ex in examples]
 
 
 def load_examples(path: str | os.PathLike) -> list[QAExample]:

@@ -10,10 +10,17 @@ Files in `out_dir`:
                   prediction, metrics, turns, searches, truncated, response, initial_doc_ids (EKA's P0),
                   doc_ids (per search), and the token row: tokens, loss_mask, segment_ids, entropy
                   (prompt + response, unpadded; prompt_length marks where the response starts)
-    summary.json  {"datasets": {NAME: metrics}, "average": metrics}, computed from the NAME.jsonl files
-    results.md    the same as a markdown table, one row per dataset and the average
+    summary.json  {"datasets": {NAME: metrics}, "data_sources": {NAME: {SOURCE: metrics}},
+                  "average": metrics}, computed from the NAME.jsonl files; "data_sources" breaks a dataset whose examples carry
+                  Search-R1's `data_source` (a merged test parquet: nq, triviaqa, ...) down by source
+    results.md    the same as a markdown table: one row per dataset, a NAME/SOURCE row per data source
+                  after it, and the average (over datasets)
 
-Resumable: a rerun skips the examples (by id) already in NAME.jsonl. A last line without its newline (a crash
+Examples are identified by (data_source, id) (`QAExample.key`; records carry `data_source` when the example
+has one): a merged Search-R1 test set repeats ids across sources. The prompt is the protocol's own, or for
+search_r1 the dataset's `prompt` when it has one (`data.qa.prompt_messages`; `use_data_prompt=False`: ours).
+
+Resumable: a rerun skips the examples (by key) already in NAME.jsonl. A last line without its newline (a crash
 mid-write) is dropped and redone; any other unreadable line is an `EvalError` naming the file and line.
 
 Metrics per example (`record["metrics"]`):
@@ -42,6 +49,7 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from jaxsearch.data import qa
 from jaxsearch.data.qa import QAExample
 from jaxsearch.eval import metrics as qa_metrics
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
@@ -119,12 +127,22 @@ def read_records(path: str) -> list[dict]:
     return records
 
 
+def records_by_key(records: Sequence[dict]) -> dict[tuple, dict]:
+    """(data_source, id) -> record. Records written before data sources were recorded have no `data_source`
+    field: they key as (None, id) and `find_record` falls back to that (their ids were unique per file)."""
+    return {(r.get("data_source"), r["id"]): r for r in records}
+
+
+def find_record(by_key: dict[tuple, dict], example: QAExample) -> dict | None:
+    return by_key.get(example.key) or by_key.get((None, example.id))
+
+
 def pending(out_dir: str, datasets: dict[str, list[QAExample]]) -> dict[str, list[int]]:
     """Per dataset, the indices of the examples without a record yet."""
     out = {}
     for name, examples in datasets.items():
-        done = {r["id"] for r in read_records(records_path(out_dir, name))}
-        out[name] = [i for i, ex in enumerate(examples) if ex.id not in done]
+        done = records_by_key(read_records(records_path(out_dir, name)))
+        out[name] = [i for i, ex in enumerate(examples) if find_record(done, ex) is None]
     return out
 
 
@@ -154,15 +172,17 @@ def run_batch(
     gold_corpus=None,
     similarity: RetrievalSimilarity | None = None,
     include_initial: bool = True,
+    use_data_prompt: bool = True,
 ) -> list[dict]:
     """Episodes for `examples` (padded to `batch_size` rows with the last question: one compiled shape)
     -> one record each. `setup.retriever` / `setup.initial_retriever` must be `RecordingRetriever`s."""
     n = len(examples)
-    questions = [ex.question for ex in examples]
-    questions += [questions[-1]] * (batch_size - n)
+    padded = list(examples) + [examples[-1]] * (batch_size - n)
+    questions = [ex.question for ex in padded]
+    messages = qa.prompt_messages(padded, setup.cfg.protocol.name, use_data_prompt)
     setup.retriever.reset()
     setup.initial_retriever.reset()
-    traj = trainer.rollout(setup, params, questions, seed, setup.eval_sampler, setup.episode_cfg)
+    traj = trainer.rollout(setup, params, questions, seed, setup.eval_sampler, setup.episode_cfg, messages)
     initial = setup.initial_retriever.results[:n] or [[] for _ in range(n)]
     fabrication = [None] * n
     if setup.judge is not None:
@@ -181,6 +201,7 @@ def run_batch(
         records.append(
             {
                 "id": ex.id,
+                **({} if ex.data_source is None else {"data_source": ex.data_source}),
                 "question": ex.question,
                 "golden_answers": ex.golden_answers,
                 "prediction": prediction,
@@ -232,12 +253,14 @@ def evaluate(
     rs_encoder=None,
     include_initial: bool = True,
     progress: bool = True,
+    use_data_prompt: bool = True,
 ) -> dict:
     """Run the missing examples of every dataset, append their records, write the summary; return it.
 
     A batch is rolled out with seed `seed + i`, i the dataset index of its first example (greedy decoding
     does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S); rs_encoder: the
-    R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S.
+    R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S; use_data_prompt:
+    the search_r1 protocol prompts with a dataset's own `prompt` where it has one (False: the built-in one).
     """
     os.makedirs(out_dir, exist_ok=True)
     if gold_corpus is not None:
@@ -265,6 +288,7 @@ def evaluate(
                     gold_corpus,
                     similarity,
                     include_initial,
+                    use_data_prompt,
                 )
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
                 f.flush()
@@ -320,17 +344,29 @@ def average(per_dataset: dict[str, dict]) -> dict:
 
 
 def summary_from_files(out_dir: str, datasets: dict[str, list[QAExample]]) -> dict:
-    """{"datasets": {name: metrics}, "average": metrics} over the records of the given examples."""
-    per_dataset = {}
+    """{"datasets": {name: metrics}, "data_sources": {name: {source: metrics}}, "average": metrics} over the
+    records of the given examples; a dataset without data sources has no "data_sources" entry."""
+    per_dataset, per_source = {}, {}
     for name, examples in datasets.items():
-        by_id = {r["id"]: r for r in read_records(records_path(out_dir, name))}
-        per_dataset[name] = summarize([by_id[ex.id] for ex in examples if ex.id in by_id])
-    return {"datasets": per_dataset, "average": average(per_dataset)}
+        by_key = records_by_key(read_records(records_path(out_dir, name)))
+        found = [(ex, find_record(by_key, ex)) for ex in examples]
+        found = [(ex, r) for ex, r in found if r is not None]
+        per_dataset[name] = summarize([r for _, r in found])
+        sources = list(dict.fromkeys(ex.data_source for ex in examples if ex.data_source is not None))
+        if sources:
+            per_source[name] = {s: summarize([r for ex, r in found if ex.data_source == s]) for s in sources}
+    return {"datasets": per_dataset, "data_sources": per_source, "average": average(per_dataset)}
 
 
 def markdown_table(summary: dict) -> str:
-    """One row per dataset and the average; the entropy of each segment type that occurs gets a column."""
-    rows = {**summary["datasets"], "average": summary["average"]}
+    """One row per dataset (then one NAME/SOURCE row per data source) and the average; the entropy of each
+    segment type that occurs gets a column."""
+    rows = {}
+    for name, row in summary["datasets"].items():
+        rows[name] = row
+        for source, source_row in summary.get("data_sources", {}).get(name, {}).items():
+            rows[f"{name}/{source}"] = source_row
+    rows["average"] = summary["average"]
     segment_keys = [
         f"entropy/{s}" for s in segments.SEGMENT_IDS if any(f"entropy/{s}" in r for r in rows.values())
     ]

@@ -228,8 +228,11 @@ def make_setup(cfg, mesh, config) -> Setup:
 # ------------------------------------------------------------------------------------------- rollout
 
 
-def rollout(setup: Setup, params, questions, seed, sampler=None, episode_cfg=None) -> episode.Trajectories:
-    """Episodes for all rows, in sampler calls of `rollout.micro_batch` rows (0: one call)."""
+def rollout(
+    setup: Setup, params, questions, seed, sampler=None, episode_cfg=None, messages=None
+) -> episode.Trajectories:
+    """Episodes for all rows, in sampler calls of `rollout.micro_batch` rows (0: one call). messages: per row,
+    chat messages replacing the protocol's prompt (None: the protocol's; see `qa.prompt_messages`)."""
     sampler = sampler or setup.train_sampler
     n = setup.cfg.rollout.micro_batch or len(questions)
     internal = None
@@ -247,6 +250,7 @@ def rollout(setup: Setup, params, questions, seed, sampler=None, episode_cfg=Non
             seed + i,
             setup.initial_retriever,
             internal,
+            None if messages is None else messages[i : i + n],
         )
         for i in range(0, len(questions), n)
     ]
@@ -333,9 +337,9 @@ def evaluate(setup: Setup, params, step: int) -> dict:
     out = {}
     ep = dataclasses.replace(setup.episode_cfg, retrieval_k=setup.cfg.rollout.eval_retrieval_k)
     for name, examples in setup.eval_sets.items():
-        traj = rollout(
-            setup, params, [e.question for e in examples], 10_000_019 * (step + 1), setup.eval_sampler, ep
-        )
+        messages = qa.prompt_messages(examples, setup.cfg.protocol.name, setup.cfg.protocol.data_prompt)
+        questions = [e.question for e in examples]
+        traj = rollout(setup, params, questions, 10_000_019 * (step + 1), setup.eval_sampler, ep, messages)
         stats = rollout_stats(traj, examples)
         if setup.judge is not None:  # SOAR's evidence-fabrication rate (share of judged-ungrounded episodes)
             scores = rewards_lib.judge_fabrication(setup.judge, reward_inputs(traj, examples))
@@ -506,7 +510,9 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         t0 = time.perf_counter()
         batch_examples = next(iterator)
         questions = [e.question for e in batch_examples]
-        traj = rollout(setup, state["policy"].params, questions, 7919 * (step + 1) + cfg.seed)
+        messages = qa.prompt_messages(batch_examples, cfg.protocol.name, cfg.protocol.data_prompt)
+        seed = 7919 * (step + 1) + cfg.seed
+        traj = rollout(setup, state["policy"].params, questions, seed, messages=messages)
         t_rollout = time.perf_counter() - t0
 
         scores, reward_terms = setup.reward_fn.score(reward_inputs(traj, batch_examples))

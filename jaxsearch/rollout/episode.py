@@ -115,22 +115,28 @@ def run_episodes(
     seed: int = 0,
     initial_retriever=None,
     internal_generate: Callable[[list[list[dict]]], list[str]] | None = None,
+    messages: Sequence[list[dict] | None] | None = None,
 ) -> Trajectories:
     """Roll out one episode per question. See the module docstring.
 
     initial_retriever: EKA's P0 source (default: `retriever`; another corpus for the noisy-P0 ablation).
     internal_generate: SOAR's internal-knowledge stream, messages per query -> generated text per query
       (e.g. `text_generator(...)` over the policy or a frozen copy).
+    messages: per row, chat messages that replace `protocol.build_messages` (a dataset's own prompt); None
+      rows (or None) keep the protocol's.
     """
     t_start = time.perf_counter()
     b = len(questions)
     contexts = protocol.initial_context(list(questions), initial_retriever or retriever, config.initial_k)
     prompts = [
         tokenizer.encode(
-            tokenizer.apply_chat_template(protocol.build_messages(q, c), add_generation_prompt=True),
+            tokenizer.apply_chat_template(
+                protocol.build_messages(q, c) if messages is None or messages[i] is None else messages[i],
+                add_generation_prompt=True,
+            ),
             allow_special=True,
         )
-        for q, c in zip(questions, contexts)
+        for i, (q, c) in enumerate(zip(questions, contexts))
     ]
     room = sampler.cache_len - max(map(len, prompts))
     if room < config.max_segment_tokens:
