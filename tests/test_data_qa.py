@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jaxsearch.eval.metrics import Regex, exact_match
 from jaxsearch.data.qa import (
     QADataError,
     QAExample,
@@ -156,6 +157,31 @@ def test_prompt_round_trips_through_jsonl_and_bad_prompt_names_the_field(tmp_pat
     )
     with pytest.raises(QADataError, match=r"bad\.jsonl:1: field 'prompt\[0\]'"):
         load_examples(tmp_path / "bad.jsonl")
+
+
+def test_curatedtrec_answers_are_regexes(tmp_path):
+    # FlashRAG picks the regex rule by dataset name (ExactMatch.is_regex: dataset_name == "curatedtrec")
+    rows = [{"id": "test_0", "question": "Who?", "golden_answers": ["(John )?Lennon", "19[0-9]{2}"]}]
+    (tmp_path / "curatedtrec").mkdir()
+    for name in ("curatedtrec/test.jsonl", "nq.jsonl"):
+        write_rows = "".join(json.dumps(r) + "\n" for r in rows)
+        (tmp_path / name).write_text(write_rows)
+    (ex,) = load_examples(tmp_path / "curatedtrec" / "test.jsonl")
+    assert ex.golden_answers == rows[0]["golden_answers"]
+    assert all(isinstance(g, Regex) for g in ex.golden_answers)
+    assert exact_match("Lennon", ex.golden_answers) == 1.0
+    (plain,) = load_examples(tmp_path / "nq.jsonl")
+    assert not any(isinstance(g, Regex) for g in plain.golden_answers)
+    assert exact_match("Lennon", plain.golden_answers) == 0.0
+    parquet = [dict(rows[0], data_source="curatedtrec", reward_model={"ground_truth": {"target": ["Paul"]}})]
+    pq.write_table(pa.Table.from_pylist(parquet), tmp_path / "test.parquet")
+    assert isinstance(load_examples(tmp_path / "test.parquet")[0].golden_answers[0], Regex)
+    (tmp_path / "curatedtrec" / "dev.jsonl").write_text(
+        '{"id": "1", "question": "Who?", "golden_answers": ["ok", "(unclosed"]}\n'
+    )
+    match = r"dev\.jsonl:1: field 'golden_answers\[1\]' is not a valid regular expression"
+    with pytest.raises(QADataError, match=match):
+        load_examples(tmp_path / "curatedtrec" / "dev.jsonl")
 
 
 GOOD = '{"id": "1", "question": "Who?", "golden_answers": ["X"]}'

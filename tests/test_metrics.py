@@ -2,6 +2,7 @@
 import pytest
 
 from jaxsearch.eval.metrics import (
+    Regex,
     answer_in_text,
     exact_match,
     f1_score,
@@ -36,7 +37,52 @@ def test_exact_match():
 def test_sub_exact_match():
     assert sub_exact_match("It is the city of Paris, France", ["paris"]) == 1.0
     assert sub_exact_match("Par", ["paris"]) == 0.0
-    assert sub_exact_match("anything", ["."]) == 0.0  # empty normalized golden never matches
+    assert answer_in_text("anything", ["."]) is False  # the retrieval-side hit never counts "" as found
+
+
+# (prediction, golden answers, EM, sub-EM, F1) from running FlashRAG's flashrag/evaluator/metrics.py
+# (ExactMatch.calculate_em, Sub_ExactMatch.calculate_sub_em, F1_Score.token_level_scores; RUC-NLPIR/FlashRAG
+# at 1ee5249) with dataset_name "nq": a golden answer that normalizes to "" is contained in every prediction.
+FLASHRAG_CASES = [
+    ("Paris", ["."], 0.0, 1.0, 0.0),
+    ("", ["the"], 1.0, 1.0, 0.0),
+    ("Paris", ["a"], 0.0, 1.0, 0.0),
+    ("Paris", ["an", "London"], 0.0, 1.0, 0.0),
+    ("", ["."], 1.0, 1.0, 0.0),
+    ("x", ["y"], 0.0, 0.0, 0.0),
+    ("The Eiffel Tower", ["eiffel tower"], 1.0, 1.0, 1.0),
+    ("London", ["the", "Paris"], 0.0, 1.0, 0.0),
+]
+# The same with dataset_name "curatedtrec": golden answers are regular expressions (re.fullmatch for EM,
+# re.search for sub-EM, case-insensitive, on the normalized prediction); F1 reads them as strings.
+FLASHRAG_CURATEDTREC_CASES = [
+    ("John Lennon", ["(john )?lennon"], 1.0, 1.0, 1.0),
+    ("The Lennon", ["(john )?lennon"], 1.0, 1.0, 2 / 3),
+    ("it was John Lennon!", ["Lennon"], 0.0, 1.0, 0.4),
+    ("1969", ["19[0-9]{2}"], 1.0, 1.0, 0.0),
+    ("in 1969", ["19[0-9]{2}"], 0.0, 1.0, 0.0),
+    ("LENNON", ["lennon"], 1.0, 1.0, 1.0),
+    ("U.S.", ["U\\.S\\."], 0.0, 0.0, 1.0),
+    ("US", ["U\\.?S\\.?"], 1.0, 1.0, 1.0),
+    ("the beatles", ["The Beatles"], 0.0, 0.0, 1.0),
+    ("Paul", ["John|Paul"], 1.0, 1.0, 0.0),
+    ("Paula", ["John|Paul"], 0.0, 1.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("prediction, golds, em, sub_em, f1", FLASHRAG_CASES)
+def test_flashrag_metrics(prediction, golds, em, sub_em, f1):
+    assert exact_match(prediction, golds) == em
+    assert sub_exact_match(prediction, golds) == sub_em
+    assert f1_score(prediction, golds) == pytest.approx(f1)
+
+
+@pytest.mark.parametrize("prediction, golds, em, sub_em, f1", FLASHRAG_CURATEDTREC_CASES)
+def test_flashrag_curatedtrec_regex_answers(prediction, golds, em, sub_em, f1):
+    regexes = [Regex(g) for g in golds]
+    assert exact_match(prediction, regexes) == em
+    assert sub_exact_match(prediction, regexes) == sub_em
+    assert f1_score(prediction, regexes) == pytest.approx(f1)
 
 
 def test_f1_hand_computed():

@@ -16,6 +16,10 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
 A path `tfds:NAME[/CONFIG][:VERSION]?split=SPLIT[&data_dir=DIR]` reads a prepared tensorflow-datasets builder
 instead (trivia_qa, natural_questions, ...; optional extra `[tfds]`): see `jaxsearch/data/tfds_source.py`.
 
+curatedtrec's golden answers are regular expressions (FlashRAG's rule, by dataset name): rows of a file in a
+`curatedtrec/` directory (or named `curatedtrec.jsonl` / `.parquet`) or with `data_source` "curatedtrec" get
+`eval.metrics.Regex` answers, which exact match and sub-exact match read as patterns.
+
 Reading streams: one JSON line or one parquet record batch at a time. Any bad row is a `QADataError` naming
 the file, the line (parquet: row) and the field; a file without examples is an error too.
 """
@@ -25,13 +29,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from jaxsearch.eval.metrics import Regex
+
 SUFFIXES = (".jsonl", ".parquet")
+REGEX_DATASET = "curatedtrec"  # FlashRAG compares its golden answers as regular expressions
 TFDS_PREFIX = "tfds:"  # a tensorflow-datasets builder spec, not a file (jaxsearch/data/tfds_source.py)
 
 
@@ -77,8 +85,9 @@ class QAExample:
         return row
 
 
-def example_from_dict(row: dict, where: str) -> QAExample:
-    """A FlashRAG or Search-R1 row -> QAExample; `where` ("file:line") prefixes any error."""
+def example_from_dict(row: dict, where: str, regex_answers: bool = False) -> QAExample:
+    """A FlashRAG or Search-R1 row -> QAExample; `where` ("file:line") prefixes any error. regex_answers: the
+    golden answers are regular expressions (curatedtrec; also when the row's data_source says so)."""
     if not isinstance(row, dict):
         raise QADataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     metadata = row.get("metadata")
@@ -99,10 +108,13 @@ def example_from_dict(row: dict, where: str) -> QAExample:
         raise QADataError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
     supporting = metadata.get("supporting_ids")
     prompt = row.get("prompt")
+    answers = _string_list(answers, "golden_answers", where, allow_empty=False)
+    if regex_answers or metadata.get("data_source") == REGEX_DATASET:
+        answers = _regex_list(answers, where)
     return QAExample(
         id=str(example_id),
         question=question.strip(),
-        golden_answers=_string_list(answers, "golden_answers", where, allow_empty=False),
+        golden_answers=answers,
         supporting_ids=None
         if supporting is None
         else _string_list(supporting, "metadata.supporting_ids", where),
@@ -192,6 +204,24 @@ def _string_list(value: object, field: str, where: str, allow_empty: bool = True
     return list(value)
 
 
+def _regex_list(answers: list[str], where: str) -> list[Regex]:
+    for i, answer in enumerate(answers):
+        try:
+            re.compile(answer)
+        except re.error as e:
+            raise QADataError(
+                f"{where}: field 'golden_answers[{i}]' is not a valid regular expression ({e}): {answer!r}"
+            ) from None
+    return [Regex(a) for a in answers]
+
+
+def has_regex_answers(path: str) -> bool:
+    """FlashRAG's rule by dataset name: a file of the curatedtrec dataset holds regular-expression answers."""
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return REGEX_DATASET in (parent, stem)
+
+
 def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
     """Streams the examples of one `.jsonl` or `.parquet` file (blank JSONL lines are skipped) or tfds spec."""
     path = os.fspath(path)
@@ -209,9 +239,10 @@ def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
     else:
         raise QADataError(f"{path}: unknown QA file type (expected one of {', '.join(SUFFIXES)})")
     count = 0
+    regex_answers = has_regex_answers(path)
     for where, row in rows:
         count += 1
-        yield example_from_dict(row, where)
+        yield example_from_dict(row, where, regex_answers)
     if count == 0:
         raise QADataError(f"{path}: the file has no examples")
 
@@ -257,7 +288,7 @@ def prompt_messages(
     if any(ex.prompt is not None and ex.prompt != ours for ex, ours in zip(examples, builtin)):
         warnings.warn(
             "the dataset's own prompt differs from the built-in search_r1 template; prompting with the "
-            "dataset's (config protocol.data_prompt=False or launch/eval.py --builtin-prompt: the built-in one)",
+            "dataset's (config protocol.data_prompt=False or launch/eval.py --builtin-prompt: ours)",
             stacklevel=2,
         )
     return [ex.prompt for ex in examples]

@@ -8,8 +8,13 @@ collapse whitespace) and takes the max over the golden answers, which may be one
     f1_score(prediction, golden_answers)         token-level F1 (FlashRAG's yes/no/noanswer rule)
     answer_in_text(text, golden_answers)         retrieval-side hit: a golden answer occurs in text
 
-An empty normalized golden answer (e.g. "." or "the") never counts as contained in anything: it would
-otherwise match every string. Exact match keeps FlashRAG's plain equality.
+sub_exact_match is FlashRAG's `Sub_ExactMatch`: a golden answer that normalizes to "" (e.g. "." or "the") is
+contained in every prediction. `answer_in_text` (retrieval hits, SOAR's stream check) never counts one.
+
+A golden answer may be a `Regex` (FlashRAG's rule for curatedtrec, whose answers are patterns;
+`data.qa` marks them): exact match is then `re.fullmatch` and sub-exact match `re.search` of the pattern,
+case-insensitive, on the normalized prediction (the pattern itself is not normalized); F1 and
+`answer_in_text` read it as a plain string.
 """
 
 from __future__ import annotations
@@ -30,19 +35,39 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+class Regex(str):
+    """A golden answer that is a regular expression (curatedtrec), matched case-insensitively."""
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return re.compile(self, re.IGNORECASE)
+
+
 def _as_list(golden_answers: str | Sequence[str]) -> list[str]:
     return [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
 
 
 def exact_match(prediction: str, golden_answers: str | Sequence[str]) -> float:
-    """1.0 if the normalized prediction equals any normalized golden answer, else 0.0."""
+    """1.0 if the normalized prediction equals any normalized golden answer (fully matches a `Regex`)."""
     pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(g) for g in _as_list(golden_answers)))
+    return float(
+        any(
+            g.pattern.fullmatch(pred) is not None if isinstance(g, Regex) else pred == normalize_answer(g)
+            for g in _as_list(golden_answers)
+        )
+    )
 
 
 def sub_exact_match(prediction: str, golden_answers: str | Sequence[str]) -> float:
-    """1.0 if any non-empty normalized golden answer is a substring of the normalized prediction."""
-    return float(answer_in_text(prediction, golden_answers))
+    """1.0 if any normalized golden answer (even "") is a substring of the normalized prediction (a `Regex`:
+    occurs in it)."""
+    pred = normalize_answer(prediction)
+    return float(
+        any(
+            g.pattern.search(pred) is not None if isinstance(g, Regex) else normalize_answer(g) in pred
+            for g in _as_list(golden_answers)
+        )
+    )
 
 
 def answer_in_text(text: str, golden_answers: str | Sequence[str]) -> bool:
