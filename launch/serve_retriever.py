@@ -4,7 +4,9 @@
     python launch/serve_retriever.py --corpus wiki-18.jsonl --retriever dense --index e5_Flat.index --encoder e5 --port 8000
 
 POST /retrieve {"queries": [str], "topk": int, "return_scores": bool} -> {"result": [[...], ...]};
-GET /health. Concurrent requests are answered by one batched search. Binds 127.0.0.1 unless --host.
+GET /health. Accepts every request Search-R1's own server accepts (any number of queries, of any length;
+empty lists; topk 0), and passes each passage's `contents` through byte for byte. Concurrent requests are
+answered by one batched search. Binds 127.0.0.1 unless --host.
 """
 import argparse
 import os
@@ -33,9 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--default-topk", type=int, default=3, help="topk when a request omits it")
-    p.add_argument("--max-topk", type=int, default=100)
-    p.add_argument("--max-queries", type=int, default=1024, help="queries per request")
-    p.add_argument("--max-batch", type=int, default=1024, help="queries per batched search")
+    p.add_argument("--max-topk", type=int, default=0, help="refuse a larger topk (0: no limit but the corpus)")
+    p.add_argument("--max-batch", type=int, default=1024,
+                   help="queries per batched search (a larger request is searched in parts)")
     p.add_argument("--cpu-faiss", action="store_true", help="keep the FAISS index on CPU even with faiss-gpu")
     p.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
     p.add_argument("--nprobe", type=int, default=64, help="IVF cells visited per query")
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
         return 2
     num_docs = len(retriever.corpus)
     app = create_app(retriever, args.retriever, num_docs=num_docs, default_topk=args.default_topk,
-                     max_topk=args.max_topk, max_queries=args.max_queries, max_batch=args.max_batch)
+                     max_topk=args.max_topk or None, max_batch=args.max_batch)
     print(f"serving {args.retriever} over {num_docs} passages on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

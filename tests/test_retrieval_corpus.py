@@ -25,9 +25,9 @@ def test_both_formats_read_the_same_passages():
     with Corpus(CONTENTS, progress=False) as a, Corpus(TITLE_TEXT, progress=False) as b:
         assert len(a) == len(b) == len(rows) == 300
         for row in (0, 1, 150, 299):
-            expected = Doc(rows[row]["id"], rows[row]["title"], rows[row]["text"])
-            assert a[row] == b[row] == expected
-            assert a[row].contents == raw_contents[row]  # Search-R1's contents string round-trips
+            assert b[row] == Doc(rows[row]["id"], rows[row]["title"], rows[row]["text"])
+            assert (a[row].id, a[row].title, a[row].text) == (b[row].id, b[row].title, b[row].text)
+            assert a[row].contents == b[row].contents == raw_contents[row]  # Search-R1's contents string
 
 
 def test_contents_helpers_match_search_r1_conventions():
@@ -37,6 +37,16 @@ def test_contents_helpers_match_search_r1_conventions():
     docs = [Doc("1", "A", "text a", 2.0), Doc("7", "B", "text b", 1.0)]
     # Search-R1's _passages2string takes the first line of contents (quotes kept) as the title.
     assert format_passages(docs) == 'Doc 1(Title: "A") text a\nDoc 2(Title: "B") text b\n'
+
+
+def test_contents_kept_byte_for_byte(tmp_path):
+    odd = ["Unquoted Title\nSome text.", '"Trailing"  \ntext  ', '"Title only"', '"A"\r\nwindows line', "  \n"]
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps({"id": str(i), "contents": c}) for i, c in enumerate(odd)])
+    with Corpus(path, progress=False) as c:
+        assert [c[i].contents for i in range(len(odd))] == odd
+        assert [d.contents for b in c.iter_batches(2) for d in b] == odd
+        assert [d.contents for d in c.docs([4, 0], [1.0, 2.0])] == [odd[4], odd[0]]
+        assert (c[0].title, c[0].text) == ("Unquoted Title", "Some text.")
 
 
 def test_fetch_by_id_and_streaming(tmp_path):
@@ -49,7 +59,7 @@ def test_fetch_by_id_and_streaming(tmp_path):
     with Corpus(path, progress=False) as c:
         assert len(c) == 3
         assert c.get("doc-a") == Doc("doc-a", "A", "ay")
-        assert c.get("17") == Doc("17", "C", "sea")
+        assert c.get("17") == Doc("17", "C", "sea", 0.0, '"C"\nsea')
         assert c.row_of("doc-b") == 0
         with pytest.raises(KeyError):
             c.get("missing")

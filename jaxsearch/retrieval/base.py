@@ -2,22 +2,33 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Protocol
 
 
 @dataclasses.dataclass(frozen=True)
 class Doc:
-    """One retrieved passage. `score` is the retriever's relevance (higher is better; 0.0 when unscored)."""
+    """One retrieved passage. `score` is the retriever's relevance (higher is better; 0.0 when unscored).
+    `raw_contents`: the `contents` string exactly as the corpus or server gave it (None: built from title/text)."""
 
     id: str
     title: str
     text: str
     score: float = 0.0
+    raw_contents: str | None = None
 
     @property
     def contents(self) -> str:
-        """The Search-R1 / FlashRAG `contents` string: quoted title, newline, text."""
-        return make_contents(self.title, self.text)
+        """The Search-R1 / FlashRAG `contents` string: as given, else quoted title, newline, text."""
+        return make_contents(self.title, self.text) if self.raw_contents is None else self.raw_contents
+
+    @classmethod
+    def from_contents(cls, doc_id: str, contents: str, score: float = 0.0) -> Doc:
+        """A passage whose `contents` is kept byte for byte (title and text split off for display)."""
+        return cls(doc_id, *split_contents(contents), score, contents)
+
+    def with_score(self, score: float) -> Doc:
+        return dataclasses.replace(self, score=float(score))
 
 
 class Retriever(Protocol):
@@ -42,9 +53,17 @@ def split_contents(contents: str) -> tuple[str, str]:
     return title, text
 
 
-def format_passages(docs: list[Doc]) -> str:
-    """Search-R1's observation text: one `Doc i(Title: "t") text` line per doc, i from 1.
+def content_id(contents: str) -> str:
+    """The id given to a document that comes without one (Search-R1's Pyserini server on a `--storeRaw`
+    index, its online search servers): `sha1:` and the first 16 hex digits of the contents' SHA-1."""
+    return "sha1:" + hashlib.sha1(contents.encode("utf-8")).hexdigest()[:16]
 
-    Search-R1 takes the title as the first line of `contents`, quotes included; so do we.
-    """
-    return "".join(f'Doc {i}(Title: "{d.title}") {d.text}\n' for i, d in enumerate(docs, start=1))
+
+def format_passages(docs: list[Doc]) -> str:
+    """Search-R1's observation text (`_passages2string`): one `Doc i(Title: t) text` line per doc, i from 1,
+    where t is the first line of `contents` as it is (wiki-18 titles keep their quotes) and text the rest."""
+    lines = []
+    for i, d in enumerate(docs, start=1):
+        title, _, text = d.contents.partition("\n")
+        lines.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(lines)

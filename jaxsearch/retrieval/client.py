@@ -1,4 +1,9 @@
-"""Client for a retrieval server speaking Search-R1's `/retrieve` API (ours or Search-R1's own)."""
+"""Client for a retrieval server speaking Search-R1's `/retrieve` API (ours or Search-R1's own).
+
+Documents may come with or without `id` (Search-R1's Pyserini server on a `--storeRaw` index returns
+`{title, text, contents}`; its online search servers `{contents}`): a missing id becomes
+`base.content_id(contents)`. `contents` is taken as given; without it, built from `title` and `text`.
+"""
 from __future__ import annotations
 
 import time
@@ -6,7 +11,7 @@ import time
 import httpx
 
 from jaxsearch.retrieval.base import Doc
-from jaxsearch.retrieval.corpus import row_from_dict
+from jaxsearch.retrieval.corpus import CorpusError, doc_from_dict
 
 
 class RetrieverUnavailable(RuntimeError):
@@ -20,10 +25,17 @@ def parse_response(body: object, num_queries: int, where: str) -> list[list[Doc]
         raise ValueError(f"{where}: expected 'result' with {num_queries} lists, got {str(body)[:200]!r}")
     out = []
     for i, items in enumerate(result):
+        if not isinstance(items, list):
+            raise ValueError(f"{where}: result[{i}] must be a list of documents, got {str(items)[:200]!r}")
         docs = []
         for j, item in enumerate(items):
-            doc, score = (item["document"], float(item.get("score", 0.0))) if "document" in item else (item, 0.0)
-            docs.append(Doc(*row_from_dict(doc, f"{where}: result[{i}][{j}]"), score))
+            at = f"{where}: result[{i}][{j}]"
+            if not isinstance(item, dict):
+                raise CorpusError(f"{at}: expected a document object, got {str(item)[:200]!r}")
+            doc, score = (item["document"], item.get("score", 0.0)) if "document" in item else (item, 0.0)
+            if isinstance(score, bool) or not isinstance(score, (int, float)):
+                raise CorpusError(f"{at}: field 'score' must be a number, got {score!r}")
+            docs.append(doc_from_dict(doc, at, float(score), require_id=False))
         out.append(docs)
     return out
 

@@ -1,11 +1,13 @@
 """A JSONL passage corpus kept on disk: one scan records byte offsets, passages are read on demand.
 
 Accepted rows (Search-R1 / FlashRAG): `{"id", "contents"}` where the first line of `contents` is the
-(quoted) title, or `{"id", "title", "text"}`. Memory: 8 bytes per passage for the offsets (wiki-18,
+(quoted) title, kept byte for byte (`Doc.raw_contents`), or `{"id", "title", "text"}`, whose contents are
+built as `"title"\ntext`. Memory: 8 bytes per passage for the offsets (wiki-18,
 21M passages: ~170 MB) plus an id->row dict only when ids are not the row numbers "0", "1", ...
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from array import array
@@ -14,40 +16,48 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxsearch.retrieval.base import Doc, split_contents
+from jaxsearch.retrieval.base import Doc, content_id, split_contents
 
 
 class CorpusError(ValueError):
     """A corpus file that cannot be used; the message names the file and line."""
 
 
-def parse_row(line: bytes | str, where: str) -> tuple[str, str, str]:
-    """One JSONL line -> (id, title, text); `where` ("file:line") prefixes any error."""
+def parse_row(line: bytes | str, where: str) -> Doc:
+    """One JSONL line -> Doc; `where` ("file:line") prefixes any error."""
     try:
         obj = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CorpusError(f"{where}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    return row_from_dict(obj, where)
+    return doc_from_dict(obj, where)
 
 
-def row_from_dict(obj: dict, where: str) -> tuple[str, str, str]:
-    """A corpus/server document dict -> (id, title, text); errors name `where` and the field."""
+def doc_from_dict(obj: dict, where: str, score: float = 0.0, require_id: bool = True) -> Doc:
+    """A corpus/server document dict -> Doc; errors name `where` and the field.
+
+    `contents` is taken as given; without it, `title` and `text` make it as Search-R1's servers do
+    (`"title"\ntext`). require_id=False (server responses): a missing id becomes `content_id(contents)`.
+    """
+    if not isinstance(obj, dict):
+        raise CorpusError(f"{where}: expected a document object, got {type(obj).__name__}")
     doc_id = obj.get("id")
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
-        raise CorpusError(f"{where}: field 'id' must be a string or integer, got {doc_id!r}")
+    if doc_id is not None or require_id:
+        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+            raise CorpusError(f"{where}: field 'id' must be a string or integer, got {doc_id!r}")
     if "contents" in obj:
         if not isinstance(obj["contents"], str):
             raise CorpusError(f"{where}: field 'contents' must be a string")
-        title, text = split_contents(obj["contents"])
-    elif "text" in obj:
+        contents = obj["contents"]
+        return Doc.from_contents(content_id(contents) if doc_id is None else str(doc_id), contents, score)
+    if "text" in obj:
         title, text = obj.get("title", ""), obj["text"]
         if not isinstance(title, str) or not isinstance(text, str):
             raise CorpusError(f"{where}: fields 'title' and 'text' must be strings")
-    else:
-        raise CorpusError(f"{where}: missing field 'contents' (or 'text' with 'title')")
-    return str(doc_id), title, text
+        doc = Doc("", title, text, score)
+        return dataclasses.replace(doc, id=content_id(doc.contents) if doc_id is None else str(doc_id))
+    raise CorpusError(f"{where}: missing field 'contents' (or 'text' with 'title')")
 
 
 class Corpus:
@@ -76,7 +86,7 @@ class Corpus:
                   disable=not progress, mininterval=1.0) as bar:
             for line_no, line in enumerate(self._file, start=1):
                 if line.strip():
-                    doc_id, _, _ = parse_row(line, f"{self.path}:{line_no}")
+                    doc_id = parse_row(line, f"{self.path}:{line_no}").id
                     row = len(starts)
                     if row_of is None and doc_id != str(row):
                         row_of = {str(r): r for r in range(row)}
@@ -103,14 +113,13 @@ class Corpus:
         if not 0 <= row < len(self):
             raise IndexError(f"row {row} out of range for {self.path} ({len(self)} passages)")
         start, end = int(self._offsets[row]), int(self._offsets[row + 1])
-        doc_id, title, text = parse_row(os.pread(self._file.fileno(), end - start, start), f"{self.path}:row {row}")
-        return Doc(doc_id, title, text)
+        return parse_row(os.pread(self._file.fileno(), end - start, start), f"{self.path}:row {row}")
 
     def docs(self, rows: Sequence[int], scores: Sequence[float] | None = None) -> list[Doc]:
         """Fetch several rows, optionally attaching scores."""
         if scores is None:
             return [self[r] for r in rows]
-        return [Doc(d.id, d.title, d.text, float(s)) for d, s in zip((self[r] for r in rows), scores)]
+        return [d.with_score(s) for d, s in zip((self[r] for r in rows), scores)]
 
     def row_of(self, doc_id: str) -> int:
         """The row holding passage `doc_id`; KeyError if absent."""
@@ -132,8 +141,7 @@ class Corpus:
             for line in f:
                 if not line.strip():
                     continue
-                doc_id, title, text = parse_row(line, f"{self.path}:row {row}")
-                batch.append(Doc(doc_id, title, text))
+                batch.append(parse_row(line, f"{self.path}:row {row}"))
                 row += 1
                 if len(batch) == batch_size:
                     yield batch

@@ -14,6 +14,7 @@ the same order (the exchange is a collective).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -35,7 +36,7 @@ class HostSplitRetriever:
         if n == 1:
             return self.inner.search(queries, k)
         mine = self.inner.search(list(queries[p::n]), k) if queries[p::n] else []
-        payload = json.dumps([[[d.id, d.title, d.text, d.score] for d in docs] for docs in mine]).encode()
+        payload = json.dumps([[dataclasses.astuple(d) for d in docs] for docs in mine]).encode()
         # the collectives need one shape on every process: exchange lengths, then zero-padded bytes
         sizes = multihost_utils.process_allgather(np.array([len(payload)], np.int64)).reshape(n)
         buf = np.zeros(int(sizes.max()), np.uint8)
@@ -45,5 +46,5 @@ class HostSplitRetriever:
         for rank in range(n):
             docs_per_query = json.loads(gathered[rank, : sizes[rank]].tobytes().decode())
             for j, docs in enumerate(docs_per_query):
-                out[rank + j * n] = [Doc(i, t, x, float(s)) for i, t, x, s in docs]
+                out[rank + j * n] = [Doc(*fields) for fields in docs]
         return out

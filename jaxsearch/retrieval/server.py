@@ -3,6 +3,13 @@
 `POST /retrieve` `{"queries": [str], "topk": int, "return_scores": bool}` ->
 `{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}`
 (without scores: `{"result": [[{"id", "contents"}, ...], ...]}`). `GET /health` -> status and counters.
+
+Every request Search-R1's `retrieval_server.py` accepts is accepted, with the coercions of its pydantic
+model (`topk: "3"` -> 3, `return_scores: 1` -> true, extra fields ignored): an empty `queries` list gets
+`{"result": []}`, `topk` 0 empty lists (Search-R1 falls back to its default there), a missing or null
+`topk` the server's default; any number of queries (searched `max_batch` at a time) and queries of any
+length. `contents` is the corpus line's, byte for byte. Anything else (no `queries`, a non-string query,
+`topk` -1 or "abc") is a 4xx naming the field.
 """
 from __future__ import annotations
 
@@ -15,17 +22,18 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel
 
 from jaxsearch.retrieval.base import Doc, Retriever
 
 
 class RetrieveRequest(BaseModel):
-    """Search-R1's request body; `topk` defaults to the server's `default_topk`."""
+    """Search-R1's request body with its field types (so pydantic coerces as it does there); `topk`
+    defaults to the server's `default_topk`."""
 
-    queries: list[StrictStr]
-    topk: StrictInt | None = None
-    return_scores: StrictBool = False
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
 
 
 @dataclasses.dataclass
@@ -41,7 +49,7 @@ class Batcher:
 
     def __init__(self, retriever: Retriever, max_batch: int):
         self.retriever = retriever
-        self.max_batch = max_batch  # queries per search call (a larger single request still goes alone)
+        self.max_batch = max_batch  # queries per search call (a larger request is split into such jobs)
         self.pending: collections.deque[_Job] = collections.deque()
         self._wake = asyncio.Event()
         self.batches = 0
@@ -49,10 +57,16 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=1)
 
     async def search(self, queries: list[str], k: int) -> list[list[Doc]]:
-        job = _Job(queries, k, asyncio.get_running_loop().create_future())
-        self.pending.append(job)
+        """Top-k docs per query; a request over `max_batch` queries is queued as several jobs."""
+        loop = asyncio.get_running_loop()
+        jobs = [
+            _Job(queries[i : i + self.max_batch], k, loop.create_future())
+            for i in range(0, len(queries), self.max_batch)
+        ]
+        self.pending.extend(jobs)
         self._wake.set()
-        return await job.future
+        results = await asyncio.gather(*(job.future for job in jobs))
+        return [docs for part in results for docs in part]
 
     async def run(self) -> None:
         while True:
@@ -112,9 +126,9 @@ def _doc_json(doc: Doc) -> dict:
 
 
 def create_app(retriever: Retriever, name: str, num_docs: int | None = None, default_topk: int = 3,
-               max_topk: int = 100, max_queries: int = 1024, max_query_chars: int = 4096,
-               max_batch: int = 1024) -> FastAPI:
-    """The app serving `retriever`; requests outside the limits get a 422 naming the field."""
+               max_topk: int | None = None, max_batch: int = 1024) -> FastAPI:
+    """The app serving `retriever`; a malformed request gets a 4xx naming the field. max_topk: None, no limit
+    but the corpus size; max_batch: queries per search call (a larger request is searched in parts)."""
     batcher = Batcher(retriever, max_batch)
 
     @contextlib.asynccontextmanager
@@ -134,14 +148,15 @@ def create_app(retriever: Retriever, name: str, num_docs: int | None = None, def
     @app.post("/retrieve")
     async def retrieve(request: RetrieveRequest) -> JSONResponse:
         k = default_topk if request.topk is None else request.topk
-        if not 1 <= k <= max_topk:
-            raise HTTPException(422, f"topk: must be between 1 and {max_topk}, got {k}")
-        if not 1 <= len(request.queries) <= max_queries:
-            raise HTTPException(422, f"queries: must hold 1 to {max_queries} queries, got {len(request.queries)}")
-        for i, q in enumerate(request.queries):
-            if len(q) > max_query_chars:
-                raise HTTPException(422, f"queries[{i}]: longer than {max_query_chars} characters")
-        results = await batcher.search(request.queries, k)
+        if k < 0 or (max_topk is not None and k > max_topk):
+            limit = "" if max_topk is None else f" and at most {max_topk}"
+            raise HTTPException(422, f"topk: must be at least 0{limit}, got {k}; {EXPECTED}")
+        if num_docs is not None:
+            k = min(k, num_docs)
+        if k == 0 or not request.queries:
+            results = [[] for _ in request.queries]
+        else:
+            results = await batcher.search(request.queries, k)
         if request.return_scores:
             body = [[{"document": _doc_json(d), "score": d.score} for d in docs] for docs in results]
         else:
