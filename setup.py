@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "tensorboardX==2.6.5",  # training curves
     # retrieval: BM25 is the embedded default; the server is FastAPI + uvicorn
     "bm25s==0.3.16",
+    "PyStemmer==3.1.0",  # Porter stemming for BM25 (Pyserini's default English analysis)
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
     "httpx==0.28.1",

@@ -72,7 +72,7 @@ def peak_rss_mb() -> float:
 def bench_bm25(corpus_path, passages, queries, index_dir, rows):
     from rank_bm25 import BM25Okapi
 
-    from jaxsearch.retrieval.bm25 import BM25Retriever, tokenize
+    from jaxsearch.retrieval.bm25 import BM25Retriever
     from jaxsearch.retrieval.build import build_bm25
     from jaxsearch.retrieval.corpus import Corpus
 
@@ -85,8 +85,8 @@ def bench_bm25(corpus_path, passages, queries, index_dir, rows):
     retriever = BM25Retriever.load(index_dir, corpus)
     retriever.search(queries[:8], 10)
     search_s = timed(lambda: retriever.search(queries, 10), repeat=2)
-    stop = frozenset(retriever.stopwords)
-    tokens = sum(len(tokenize(" ".join(p), stop)) for p in passages)
+    terms = retriever.analyzer.terms
+    tokens = sum(len(terms(" ".join(p))) for p in passages)
     disk = sum(os.path.getsize(os.path.join(index_dir, f)) for f in os.listdir(index_dir))
     rows.append(("Corpus scan (offsets, validation)", f"{len(corpus) / scan_s:,.0f} passages/s", ""))
     rows.append(
@@ -101,9 +101,9 @@ def bench_bm25(corpus_path, passages, queries, index_dir, rows):
         ("BM25 search, batch %d, k=10" % len(queries), f"{len(queries) / search_s:,.0f} queries/s", "")
     )
 
-    okapi = BM25Okapi([tokenize(" ".join(p), stop) for p in passages])
+    okapi = BM25Okapi([terms(" ".join(p)) for p in passages])
     sample = queries[:32]
-    base_s = timed(lambda: [np.argpartition(-okapi.get_scores(tokenize(q, stop)), 10)[:10] for q in sample])
+    base_s = timed(lambda: [np.argpartition(-okapi.get_scores(terms(q)), 10)[:10] for q in sample])
     rows.append(
         (
             "  baseline: rank-bm25 brute force",

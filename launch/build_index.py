@@ -37,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group("bm25")
     g.add_argument("--k1", type=float, default=0.9, help="BM25 k1 (default 0.9, Pyserini's)")
     g.add_argument("--b", type=float, default=0.4, help="BM25 b (default 0.4, Pyserini's)")
+    g.add_argument("--stemmer", default="porter", choices=["porter", "none"],
+                   help="porter (default): Pyserini's default Lucene English analysis; none: the same without "
+                        "stemming (Pyserini's -stemmer none). Recorded in the index")
     g = p.add_argument_group("dense")
     g.add_argument("--encoder", default="e5", help="e5 | bge | minilm | a sentence-transformers model id or dir")
     g.add_argument("--faiss", default="flat", choices=dense.KINDS, help="FAISS index kind (see memory below)")
@@ -59,7 +62,8 @@ def main(argv=None) -> int:
         recover(args.out)
         corpus = Corpus(args.corpus, progress=progress)
         if args.retriever == "bm25":
-            build_bm25(corpus, args.out, k1=args.k1, b=args.b, progress=progress)
+            analyzer = bm25.Analyzer(stemmer=args.stemmer)
+            build_bm25(corpus, args.out, k1=args.k1, b=args.b, analyzer=analyzer, progress=progress)
         else:
             from jaxsearch.retrieval.encoders import Encoder
 

@@ -1,4 +1,5 @@
-"""BM25 against independent references: a numpy Lucene BM25 and rank-bm25's Okapi BM25."""
+"""BM25 against independent references: Pyserini's analyzer output and top-10 on the shipped corpus, a numpy
+Lucene BM25 and rank-bm25's Okapi BM25; an index saved before analyzers were recorded."""
 import json
 import math
 import os
@@ -11,7 +12,7 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from jaxsearch.retrieval import make_retriever
-from jaxsearch.retrieval.bm25 import BM25Retriever
+from jaxsearch.retrieval.bm25 import Analyzer, BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
 from jaxsearch.retrieval.metrics import recall_at_k
 
@@ -19,6 +20,13 @@ DATA = os.path.join(os.path.dirname(__file__), "data", "corpus")
 CORPUS = os.path.join(DATA, "corpus.jsonl")
 QUERIES = [json.loads(line) for line in open(os.path.join(DATA, "queries.jsonl"))]
 STOP = set(bm25s.stopwords.STOPWORDS_EN)
+# Pyserini 0.22.1 (Lucene 9, Java 17) on tests/data/corpus/corpus.jsonl, indexed by `python -m
+# pyserini.index.lucene --collection JsonCollection --generator DefaultLuceneDocumentGenerator --storeRaw`:
+# Analyzer(get_lucene_analyzer()).analyze of every passage and query, and LuceneSearcher(index).search(q, 10)
+# as [docid, score rounded to 4 places] (BM25 k1=0.9, b=0.4).
+PYSERINI = json.load(open(os.path.join(DATA, "pyserini_bm25.json"), encoding="utf-8"))
+# Indexed by this project's BM25 before analyzers were recorded (commit e0db9ac, `build_bm25` on CORPUS).
+OLD_INDEX = os.path.join(DATA, "bm25_index_v0")
 
 
 def ref_tokens(text):
@@ -29,13 +37,13 @@ def ref_passages():
     return [json.loads(line)["contents"] for line in open(CORPUS)]
 
 
-def lucene_bm25(passages, query, k1, b):
+def lucene_bm25(passages, query, k1, b, tokens=ref_tokens):
     """Scores of every passage: sum over query terms of idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))."""
-    docs = [Counter(ref_tokens(p)) for p in passages]
+    docs = [Counter(tokens(p)) for p in passages]
     lengths = np.array([sum(d.values()) for d in docs], dtype=np.float64)
     n, avgdl = len(docs), lengths.mean()
     scores = np.zeros(n)
-    for term in ref_tokens(query):
+    for term in tokens(query):
         tf = np.array([d[term] for d in docs], dtype=np.float64)
         df = np.count_nonzero(tf)
         if df == 0:
@@ -70,18 +78,94 @@ def retriever(corpus):
     return BM25Retriever.build(corpus, progress=False)
 
 
+PLAIN = Analyzer(tokenizer="word2", stopwords=tuple(bm25s.stopwords.STOPWORDS_EN), stemmer="none")
+
+
+def pyserini_terms(text):
+    """Pyserini's analysis of a shipped passage or query (looked up, not computed)."""
+    if text in PYSERINI["query_terms"]:
+        return PYSERINI["query_terms"][text]
+    return PYSERINI["passage_terms"][ref_passages().index(text)]
+
+
+def test_analyzer_is_pyserinis_on_every_passage_and_query():
+    analyzer = Analyzer()
+    assert [analyzer.terms(p) for p in ref_passages()] == PYSERINI["passage_terms"]
+    for query, terms in PYSERINI["query_terms"].items():
+        assert analyzer.terms(query) == terms, query
+
+
+# Pyserini 0.22.1's Analyzer(get_lucene_analyzer()).analyze on these strings: StandardTokenizer's word breaks,
+# possessives, Lucene's stopwords, Porter stems (words of 1-2 letters unstemmed)
+@pytest.mark.parametrize("text, terms", [
+    ("U.S.A. don't John's engineers 1,000 3.14 v1.2 a:b foo_bar e-mail x y 1 us as is",
+     ["u.s.a", "don't", "john", "engin", "1,000", "3.14", "v1.2", "a:b", "foo_bar", "e", "mail", "x", "y", "1",
+      "us"]),
+    ("O'Neil's Mary\u2019s dogs' running ran caresses ponies g\u00e9n\u00e9ralisation na\u00efve",
+     ["o'neil", "mari", "dog", "run", "ran", "caress", "poni", "g\u00e9n\u00e9ralis", "na\u00efv"]),
+    ("hello...world end. (parens) [brackets] 12:30 a.b.c 1.2.3 3,4 a,b a;b 1;2 C++ C# AT&T 50% $5",
+     ["hello", "world", "end", "paren", "bracket", "12", "30", "a.b.c", "1.2.3", "3,4", "b", "b", "1;2", "c",
+      "c", "t", "50", "5"]),
+    ("generalizations relational hopefully agreed happy sky skies dying lying news",
+     ["gener", "relat", "hopefulli", "agre", "happi", "sky", "ski", "dy", "ly", "new"]),
+])  # fmt: skip
+def test_analyzer_hand_cases_from_pyserini(text, terms):
+    assert Analyzer().terms(text) == terms
+
+
+def test_top10_is_pyserinis(retriever):
+    """Every query's top-10 has Pyserini's scores, rank by rank, and its passage at every rank not tied with a
+    neighbour (Lucene stores passage lengths in one byte, so scores agree to ~1e-4 and ties order differently)."""
+    queries = list(PYSERINI["top10"])
+    untied = 0
+    for query, docs in zip(queries, retriever.search(queries, 10)):
+        expected = PYSERINI["top10"][query]
+        np.testing.assert_allclose([d.score for d in docs], [s for _, s in expected], atol=2e-4)
+        for i, (docid, score) in enumerate(expected):
+            neighbours = [expected[j][1] for j in (i - 1, i + 1) if 0 <= j < len(expected)]
+            if all(abs(score - n) > 1e-3 for n in neighbours):
+                assert docs[i].id == docid, (query, i)
+                untied += 1
+    assert untied >= 150
+
+
+def test_stemming_finds_inflections_and_can_be_turned_off(tmp_path):
+    path = tmp_path / "c.jsonl"
+    rows = [{"id": "0", "contents": '"Bridge"\nThe engineer designed the bridge.'}, {"id": "1", "contents": '"X"\ny'}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with Corpus(str(path), progress=False) as corpus:
+        assert [d.id for d in BM25Retriever.build(corpus, progress=False).search(["engineers"], 3)[0]] == ["0"]
+        plain = BM25Retriever.build(corpus, analyzer=Analyzer(stemmer="none"), progress=False)
+        assert plain.search(["engineers"], 3) == [[]] and len(plain.search(["engineer"], 3)[0]) == 1
+        plain.save(tmp_path / "idx")
+        meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+        assert meta["analyzer"] == {"tokenizer": "standard", "stopwords": list(Analyzer().stopwords),
+                                    "stemmer": "none"}  # fmt: skip
+        assert BM25Retriever.load(tmp_path / "idx", corpus).analyzer == Analyzer(stemmer="none")
+
+
+def test_index_saved_before_analyzers_keeps_its_analysis(corpus):
+    old = make_retriever("bm25", corpus=CORPUS, index=OLD_INDEX, progress=False)
+    assert old.analyzer == PLAIN  # `\w\w+`, bm25s's stopwords from its meta.json, no stemming
+    passages = ref_passages()
+    queries = [q["question"] for q in QUERIES[:20]] + ["kilometres river sea river"]
+    untied = sum(check_against(lucene_bm25(passages, query, 0.9, 0.4), docs, 10)
+                 for query, docs in zip(queries, old.search(queries, 10)))
+    assert untied >= 20
+
+
 def test_matches_numpy_lucene_bm25(retriever):
     passages = ref_passages()
     queries = [q["question"] for q in QUERIES[:40]] + ["kilometres river sea river", "herons barley"]
     results = retriever.search(queries, 10)
-    untied = sum(check_against(lucene_bm25(passages, query, k1=0.9, b=0.4), docs, 10)
+    untied = sum(check_against(lucene_bm25(passages, query, k1=0.9, b=0.4, tokens=pyserini_terms), docs, 10)
                  for query, docs in zip(queries, results))
     assert untied >= 45  # enough ranks compared row by row
 
 
 def test_matches_rank_bm25_okapi(corpus):
     k1, b = 1.5, 0.75
-    okapi = BM25Retriever.build(corpus, k1=k1, b=b, method="robertson", progress=False)
+    okapi = BM25Retriever.build(corpus, k1=k1, b=b, method="robertson", analyzer=PLAIN, progress=False)
     reference = BM25Okapi([ref_tokens(p) for p in ref_passages()], k1=k1, b=b)
     assert min(reference.idf.values()) >= 0  # no term in over half the passages: no idf flooring
     queries = [q["question"] for q in QUERIES[40:80]]
@@ -96,7 +180,8 @@ def test_save_load_and_factory(tmp_path, retriever):
     loaded = make_retriever("bm25", corpus=CORPUS, index=str(tmp_path / "idx"), progress=False)
     passages = ref_passages()
     query = QUERIES[0]["question"]
-    check_against(lucene_bm25(passages, query, 0.9, 0.4), loaded.search([query], 5)[0], 5)
+    check_against(lucene_bm25(passages, query, 0.9, 0.4, pyserini_terms), loaded.search([query], 5)[0], 5)
+    assert loaded.analyzer == Analyzer()
 
 
 def test_no_match_and_short_lists(retriever):

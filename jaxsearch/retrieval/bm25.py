@@ -1,10 +1,17 @@
 """BM25 over a `Corpus` with `bm25s` (the embedded default retriever: no model, CPU only).
 
-Scoring is Lucene BM25 (Pyserini's k1=0.9, b=0.4 by default) over lowercased `\\w\\w+` tokens of
-`contents` (title + text) minus English stopwords, no stemming. Memory: see `MEMORY`.
+Scoring is Lucene BM25 (Pyserini's k1=0.9, b=0.4 by default) over the terms of `contents` (title + text).
+Terms come from an `Analyzer`, recorded in the index's meta.json. New indexes use Pyserini's default, Lucene's
+English analyzer: StandardTokenizer words (Unicode word-break rules: "U.S.A", "don't", "1,000", "a:b" stay
+whole), possessive 's dropped, lowercase, Lucene's 33 English stopwords, Porter stemming (PyStemmer's
+"porter"; words of 1-2 letters unstemmed, as in Lucene's PorterStemmer). `Analyzer(stemmer="none")` turns
+stemming off (Pyserini's `-stemmer none`). An index saved before analyzers were recorded keeps the analysis
+it was built with (lowercased `\\w\\w+` tokens minus its stored stopwords, no stemming). Memory: see `MEMORY`.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import re
@@ -13,12 +20,27 @@ from array import array
 import bm25s
 import bm25s.stopwords
 import numpy as np
+import Stemmer
 from tqdm.auto import tqdm
 
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.corpus import Corpus
 
-TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")
+TOKEN_PATTERN = re.compile(r"(?u)\b\w\w+\b")  # the "word2" tokenizer (indexes saved before analyzers)
+# Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET: Pyserini's default stopwords
+LUCENE_STOPWORDS = (
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
+    "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was",
+    "will", "with",
+)  # fmt: skip
+# Lucene's StandardTokenizer (UAX #29 word breaks) for the cases English text has: letters, digits and "_"
+# make words; . ' ’ : join two letters ("u.s.a", "don't", "a:b"); . , ; ' ’ join two digits ("1,000",
+# "3.14"); each Hiragana character or CJK ideograph is a word of its own.
+_SINGLE = "\u3040-\u309f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_WORD = rf"(?:[^\W{_SINGLE}]|[\u0300-\u036f])+"  # combining accents stay inside their word
+_JOIN = r"(?:(?<=[^\W\d_])[.'\u2019:](?=[^\W\d_])|(?<=\d)[.,;'\u2019](?=\d))"
+STANDARD_TOKEN = re.compile(rf"[{_SINGLE}]|{_WORD}(?:{_JOIN}{_WORD})*")
+POSSESSIVE = ("'s", "\u2019s", "\uff07s")  # EnglishPossessiveFilter
 META_FILE = "meta.json"
 MEMORY = """bm25   build: peak ~35 bytes per token after stopwords (bench/retrieval.py, 100k passages);
          wiki-18 (21M passages, ~1.3B tokens) wants ~45 GB. Search: the saved index (~6 bytes/token
@@ -27,8 +49,52 @@ MEMORY = """bm25   build: peak ~35 bytes per token after stopwords (bench/retrie
 
 
 def tokenize(text: str, stopwords: frozenset[str]) -> list[str]:
-    """Lowercase, split on `\\w\\w+`, drop stopwords (the same for passages and queries)."""
+    """The "word2" tokenizer: lowercase, split on `\\w\\w+`, drop stopwords."""
     return [w for w in TOKEN_PATTERN.findall(text.lower()) if w not in stopwords]
+
+
+@dataclasses.dataclass(frozen=True)
+class Analyzer:
+    """Text -> terms, the same for passages and queries; an index records it (`dataclasses.asdict`).
+
+    tokenizer: "standard" (Lucene's StandardTokenizer + EnglishPossessiveFilter) or "word2" (`\\w\\w+`);
+    stopwords: dropped after lowercasing; stemmer: "porter" or "none". `Analyzer()` is Pyserini's default.
+    """
+
+    tokenizer: str = "standard"
+    stopwords: tuple[str, ...] = LUCENE_STOPWORDS
+    stemmer: str = "porter"
+
+    def __post_init__(self):
+        if self.tokenizer not in ("standard", "word2"):
+            raise ValueError(f"analyzer tokenizer must be 'standard' or 'word2', got {self.tokenizer!r}")
+        if self.stemmer not in ("porter", "none"):
+            raise ValueError(f"analyzer stemmer must be 'porter' or 'none', got {self.stemmer!r}")
+        object.__setattr__(self, "stopwords", tuple(self.stopwords))
+
+    def terms(self, text: str) -> list[str]:
+        if self.tokenizer == "word2":
+            words = tokenize(text, self._stop)
+        else:
+            words = [w[:-2] if w.lower().endswith(POSSESSIVE) else w for w in STANDARD_TOKEN.findall(text)]
+            words = [w for w in (w.lower() for w in words) if w.strip("_") and w not in self._stop]
+        return words if self.stemmer == "none" else [self._stem(w) for w in words]
+
+    @functools.cached_property
+    def _stop(self) -> frozenset[str]:
+        return frozenset(self.stopwords)
+
+    @functools.cached_property
+    def _stem(self):
+        stemmer = Stemmer.Stemmer("porter")
+        return functools.lru_cache(maxsize=1 << 20)(lambda w: w if len(w) <= 2 else stemmer.stemWord(w))
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> Analyzer:
+        """The analyzer an index was built with; one saved before the record: `\\w\\w+`, its stopwords, no stem."""
+        if "analyzer" not in meta:
+            return cls(tokenizer="word2", stopwords=tuple(meta["stopwords"]), stemmer="none")
+        return cls(**meta["analyzer"])
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -45,31 +111,30 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 class BM25Retriever:
     """`search(queries, k)` over a corpus with a bm25s index; only passages with score > 0 return."""
 
-    def __init__(self, corpus: Corpus, model: bm25s.BM25, stopwords: list[str]):
+    def __init__(self, corpus: Corpus, model: bm25s.BM25, analyzer: Analyzer):
         if model.scores["num_docs"] != len(corpus):
             raise ValueError(f"BM25 index has {model.scores['num_docs']} passages but corpus "
                              f"{corpus.path} has {len(corpus)}: rebuild the index for this corpus")
         self.corpus = corpus
         self.model = model
-        self.stopwords = list(stopwords)
-        self._stop = frozenset(stopwords)
+        self.analyzer = analyzer
 
     @classmethod
     def build(cls, corpus: Corpus, k1: float = 0.9, b: float = 0.4, method: str = "lucene",
-              stopwords: list[str] | None = None, progress: bool = True) -> BM25Retriever:
-        """Tokenize the corpus in one streaming pass and index it."""
-        stopwords = list(bm25s.stopwords.STOPWORDS_EN) if stopwords is None else list(stopwords)
-        stop = frozenset(stopwords)
+              analyzer: Analyzer | None = None, progress: bool = True) -> BM25Retriever:
+        """Analyze the corpus in one streaming pass and index it (analyzer None: Pyserini's, `Analyzer()`)."""
+        analyzer = Analyzer() if analyzer is None else analyzer
         vocab: dict[str, int] = {"": 0}  # bm25s's empty token, scored for no passage
         ids: list[array] = []
         with tqdm(total=len(corpus), desc="bm25 tokenize", unit="doc", disable=not progress) as bar:
             for batch in corpus.iter_batches(4096):
                 for doc in batch:
-                    ids.append(array("i", (vocab.setdefault(w, len(vocab)) for w in tokenize(doc.contents, stop))))
+                    terms = analyzer.terms(doc.contents)
+                    ids.append(array("i", (vocab.setdefault(w, len(vocab)) for w in terms)))
                 bar.update(len(batch))
         model = bm25s.BM25(k1=k1, b=b, method=method)
         model.index((ids, vocab), show_progress=progress)
-        return cls(corpus, model, stopwords)
+        return cls(corpus, model, analyzer)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the index files and `meta.json` into directory `path`."""
@@ -77,7 +142,7 @@ class BM25Retriever:
         self.model.save(path, show_progress=False)
         meta = {"kind": "bm25", "k1": self.model.k1, "b": self.model.b, "method": self.model.method,
                 "num_docs": len(self.corpus), "corpus": os.path.abspath(self.corpus.path),
-                "stopwords": self.stopwords}
+                "stopwords": list(self.analyzer.stopwords), "analyzer": dataclasses.asdict(self.analyzer)}
         with open(os.path.join(path, META_FILE), "w") as f:
             json.dump(meta, f)
 
@@ -92,13 +157,17 @@ class BM25Retriever:
             meta = json.load(f)
         if meta.get("kind") != "bm25":
             raise ValueError(f"{meta_path}: index kind is {meta.get('kind')!r}, not 'bm25'")
+        try:
+            analyzer = Analyzer.from_meta(meta)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{meta_path}: field 'analyzer' is not a valid analyzer ({e})") from None
         model = bm25s.BM25.load(path, mmap=mmap)
-        return cls(corpus, model, meta["stopwords"])
+        return cls(corpus, model, analyzer)
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for one query: [num_docs] float32."""
         vocab = self.model.vocab_dict
-        ids = [vocab[w] for w in tokenize(query, self._stop) if w in vocab]
+        ids = [vocab[w] for w in self.analyzer.terms(query) if w in vocab]
         if not ids:
             return np.zeros(len(self.corpus), dtype=np.float32)
         return self.model.get_scores_from_ids(ids)

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxsearch.files import atomic_write_text
-from jaxsearch.retrieval.bm25 import BM25Retriever
+from jaxsearch.retrieval.bm25 import Analyzer, BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
 from jaxsearch.retrieval.dense import DenseRetriever, fill_index, new_index
 from jaxsearch.retrieval.encoders import Encoder
@@ -82,11 +82,12 @@ def encode_corpus(corpus: Corpus, encoder: Encoder, workdir: str, batch_size: in
     return emb
 
 
-def build_bm25(corpus: Corpus, out: str, k1: float = 0.9, b: float = 0.4, progress: bool = True) -> None:
-    """Build a BM25 index of `corpus` into directory `out`."""
+def build_bm25(corpus: Corpus, out: str, k1: float = 0.9, b: float = 0.4, analyzer: Analyzer | None = None,
+               progress: bool = True) -> None:
+    """Build a BM25 index of `corpus` into directory `out` (analyzer None: Pyserini's default, recorded)."""
     tmp = partial_dir(out)
     shutil.rmtree(tmp, ignore_errors=True)
-    BM25Retriever.build(corpus, k1=k1, b=b, progress=progress).save(tmp)
+    BM25Retriever.build(corpus, k1=k1, b=b, analyzer=analyzer, progress=progress).save(tmp)
     commit(tmp, out)
 
 
