@@ -137,12 +137,12 @@ def test_request_schema_and_replies(fake):
         [{"role": "system", "content": "Be strict."}, {"role": "user", "content": "first"}],
         user("second"),
     ]
-    replies = model.chat(batch, max_tokens=64, temperature=0.3)
+    replies = model.chat(batch, max_tokens=64, temperature=0.3, top_p=0.9)
     assert [echoed(r) for r in replies] == ["first", "second"]
     bodies = sorted((r["body"] for r in server.requests), key=lambda b: len(b["messages"]))
     assert bodies == [
-        {"model": MODEL, "messages": batch[1], "max_tokens": 64, "temperature": 0.3},
-        {"model": MODEL, "messages": batch[0], "max_tokens": 64, "temperature": 0.3},
+        {"model": MODEL, "messages": batch[1], "max_tokens": 64, "temperature": 0.3, "top_p": 0.9},
+        {"model": MODEL, "messages": batch[0], "max_tokens": 64, "temperature": 0.3, "top_p": 0.9},
     ]
     assert [r["auth"] for r in server.requests] == ["Bearer sk-test"] * 2
     assert model.chat([], 8, 0.0) == []
@@ -342,8 +342,8 @@ class ScriptedChat:
     def __init__(self, reply):
         self.reply, self.calls = reply, []
 
-    def chat(self, batch, max_tokens, temperature):
-        self.calls.append((batch, max_tokens, temperature))
+    def chat(self, batch, max_tokens, temperature, top_p=1.0):
+        self.calls.append((batch, max_tokens, temperature, top_p))
         return [self.reply(m) for m in batch]
 
 
@@ -351,25 +351,20 @@ def test_chat_judge_messages_and_verdicts():
     chat = ScriptedChat(
         lambda m: '{"reason": "ok", "grounded": %s}' % ("true" if "doc" in m[-1]["content"] else "false")
     )
-    judge = J.ChatJudge(chat, max_tokens=300, system="You are a strict judge.")
-    assert judge.judge(["with doc", "without"]) == [
+    judge = J.ChatJudge(chat, max_tokens=300)
+    system = {"role": "system", "content": "You are a strict judge."}
+    conversations = [
+        [system, {"role": "user", "content": "with doc"}],
+        [system, {"role": "user", "content": "without"}],
+    ]
+    assert judge.judge(conversations) == [
         '{"reason": "ok", "grounded": true}',
         '{"reason": "ok", "grounded": false}',
     ]
-    system = {"role": "system", "content": "You are a strict judge."}
-    assert chat.calls == [
-        (
-            [
-                [system, {"role": "user", "content": "with doc"}],
-                [system, {"role": "user", "content": "without"}],
-            ],
-            300,
-            0.0,
-        )
-    ]
+    assert chat.calls == [(conversations, 300, 0.0, 1.0)]
     plain = ScriptedChat(lambda m: "")
-    J.ChatJudge(plain).judge(["p"])
-    assert plain.calls == [([[{"role": "user", "content": "p"}]], 512, 0.0)]
+    J.ChatJudge(plain).judge([[{"role": "user", "content": "p"}]])
+    assert plain.calls == [([[{"role": "user", "content": "p"}]], 512, 0.0, 1.0)]
 
 
 def test_evidence_answerer_uses_r_search_prompt():
@@ -383,7 +378,8 @@ def test_evidence_answerer_uses_r_search_prompt():
         "other words.\n\nThe following are given passages:\nThe Lisul flows through {Velmar}.\n\n"
         "Question: Which river flows through Velmar?\nAnswer:"
     )
-    assert chat.calls == [([[{"role": "user", "content": prompt}]], 512, 0.1)]
+    # R-Search's evidence.yaml samples the evidence model at temperature 0.1, top_p 0.9
+    assert chat.calls == [([[{"role": "user", "content": prompt}]], 512, 0.1, 0.9)]
 
 
 def test_evidence_answerer_reads_the_answer_tag_when_asked():
@@ -411,7 +407,6 @@ def test_evidence_reward_end_to_end():
         RewardInput("<information>d</information><evidence>the founder</evidence>", ["Maren Orrin"]),
     ]
     rewards = evidence_reward(J.ChatEvidenceAnswerer(chat))(samples)
-    np.testing.assert_allclose(
-        rewards, [2 * 1.0 * 0.5 / 1.5, 0.0, 1.0]
-    )  # "Lisul" vs "Lisul River": P=1, R=1/2
+    # "Lisul" vs "Lisul River": P=1, R=1/2, F1 2/3, rounded to 2 decimals as R-Search's F1_check
+    np.testing.assert_allclose(rewards, [0.67, 0.0, 1.0])
     assert len(chat.calls) == 1 and len(chat.calls[0][0]) == 2

@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 
 from jaxsearch.rl import rewards as R
+from jaxsearch.retrieval.base import Doc
 from jaxsearch.rl.rewards import RewardInput
+from jaxsearch.rollout.protocols import get_protocol
 
 GOLD = ["Paris"]
 VALID = (
@@ -32,7 +34,7 @@ def batch(*responses, gold=GOLD, **fields):
         (DIRECT, "Paris"),
         (VALID, "Paris"),
         ("<answer>a</answer> text <answer>\n b \n</answer>", "b"),  # the last one
-        (NESTED, "Paris"),  # innermost complete block
+        (NESTED, "the city <answer>Paris"),  # Search-R1's regex: from the first opening to the first close
         ("<answer>a</answer><answer>b", "a"),  # unclosed trailing answer ignored
         (UNCLOSED, None),
         ("</answer>Paris<answer>", None),
@@ -43,7 +45,7 @@ def test_extract_answer(response, expected):
     assert R.extract_answer(response) == expected
 
 
-def test_graded_answer_guards_flooding_and_size():
+def test_graded_answer_guards_flooding_and_size():  # the strict rewards' answer
     assert R.graded_answer(DIRECT) == "Paris"
     assert R.graded_answer(FLOOD) is None
     assert R.graded_answer(NESTED) is None  # two <answer> tags
@@ -82,11 +84,17 @@ def test_is_valid_sequence(response, valid):
 
 
 def test_answer_rewards():
-    samples = batch(VALID, "<think>x</think><answer>the city of Paris</answer>", FLOOD, NO_TAGS, UNCLOSED, NESTED)
-    np.testing.assert_allclose(R.get_reward("em")(samples), [1, 0, 0, 0, 0, 0])
-    np.testing.assert_allclose(R.get_reward("sub_em")(samples), [1, 1, 0, 0, 0, 0])
+    huge = "<think>x</think><answer>Paris" + "!" * 300 + "</answer>"  # normalises to "paris"
+    samples = batch(VALID, "<think>x</think><answer>the city of Paris</answer>", FLOOD, NO_TAGS, UNCLOSED, NESTED, huge)
+    # Search-R1's rule: the last answer block of any count and length (FLOOD's last is Paris; NESTED's one block
+    # normalises to "city answerparis")
+    np.testing.assert_allclose(R.get_reward("em")(samples), [1, 0, 1, 0, 0, 0, 1])
+    np.testing.assert_allclose(R.get_reward("sub_em")(samples), [1, 1, 1, 0, 0, 1, 1])  # "paris" in "answerparis"
     # "city of paris" vs "paris": p = 1/3, r = 1 -> F1 = 0.5
-    np.testing.assert_allclose(R.get_reward("f1")(samples), [1, 0.5, 0, 0, 0, 0])
+    np.testing.assert_allclose(R.get_reward("f1")(samples), [1, 0.5, 1, 0, 0, 0, 1])
+    # the strict variants: more than one answer tag or over 256 characters scores 0
+    np.testing.assert_allclose(R.get_reward("em_strict")(samples), [1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_allclose(R.get_reward("f1_strict")(samples), [1, 0.5, 0, 0, 0, 0, 0])
 
 
 def test_format_and_gated_rewards():
@@ -100,13 +108,13 @@ def test_format_and_gated_rewards():
     "response, expected",
     [
         (VALID, 1.0),  # correct, valid
-        (VALID_WRONG_HIT, 0.2 + 0.1),  # wrong, valid, an observation holds the answer
+        (VALID_WRONG_HIT, 0.2),  # wrong, valid (retrieval_score 0 as published: no credit for the hit)
         (VALID_WRONG_MISS, 0.2),  # wrong, valid, no retrieval hit
         ("<answer>Paris</answer>", 1.0 - 0.2),  # correct, invalid format
         ("<answer>London</answer>", 0.1),  # wrong, invalid, has an answer
-        (NO_TAGS, 0.0),  # no answer, invalid
-        (UNCLOSED, 0.0),
-        (FLOOD, 0.0),  # flooding: no answer credit and invalid format
+        (NO_TAGS, 0.1),  # no answer, invalid: the floor (Search-R1 reads its prompt's "Beijing" here)
+        (UNCLOSED, 0.1),
+        (FLOOD, 0.8),  # the last answer is right, the format invalid
     ],
 )
 def test_search_r1_score(response, expected):
@@ -117,6 +125,8 @@ def test_search_r1_score(response, expected):
 def test_search_r1_reward_parameters():
     fn = R.search_r1_reward(structure_format_score=0.0, final_format_score=0.0, retrieval_score=0.0)
     np.testing.assert_allclose(fn(batch(VALID, VALID_WRONG_HIT, "<answer>London</answer>")), [1, 0, 0])
+    hit = R.search_r1_reward(retrieval_score=0.1)
+    np.testing.assert_allclose(hit(batch(VALID_WRONG_HIT, VALID_WRONG_MISS)), [0.3, 0.2])
 
 
 EVID = (
@@ -130,12 +140,12 @@ EVID = (
     [
         (EVID, 0.4),
         ("<think>t</think><evidence>e</evidence><answer>a</answer>", 0.2),  # no observation before evidence
-        ("<evidence>e</evidence><search>q</search><information>d</information><answer>a</answer>", 0.2),
+        ("<evidence>e</evidence><search>q</search><information>d</information><answer>a</answer>", 0.4),  # order free
         (EVID.replace("<answer>", "<evidence>x</evidence><answer>"), 0.2),  # two evidences
         (EVID + "<answer>b</answer>", 0.2),  # two answers
         (EVID.replace("</answer>", ""), 0.2),  # unclosed answer
         (EVID.replace("</evidence>", ""), 0.2),  # unclosed evidence
-        (NO_TAGS, 0.0),
+        (NO_TAGS, 0.2),  # no search and no evidence earns the evidence credit (qa_f1.py extract_solution)
     ],
 )
 def test_rsearch_format(response, expected):
@@ -178,8 +188,8 @@ def test_evidence_reward_checks_answer_count():
 
 def test_rsearch_total_reward():
     samples = batch(EVID, EVID.replace("<answer>Paris</answer>", "<answer>Paris France</answer>"), NO_TAGS)
-    # answer F1 + evidence F1 (fake answers "Paris.") + format
-    np.testing.assert_allclose(R.rsearch_reward(FakeAnswerer())(samples), [1 + 1 + 0.4, 2 / 3 + 1 + 0.4, 0.0])
+    # answer F1 (rounded to 2 decimals) + evidence F1 (fake answers "Paris.") + format; no search, no evidence: 0.2
+    np.testing.assert_allclose(R.rsearch_reward(FakeAnswerer())(samples), [1 + 1 + 0.4, 0.67 + 1 + 0.4, 0.2])
 
 
 def soar(answer, source, internal="", external=""):
@@ -208,8 +218,31 @@ def test_source_consistency():
         soar("Paris", "both", internal, external),  # no valid declaration
         RewardInput("<information_source>external</information_source>", GOLD, external_knowledge=external),  # no answer
         soar("the", "external", internal, external),  # empty normalized answer is never supported
+        soar("Lyon", "external", internal, external),  # answer only in the internal facts, declared external
+        soar("Lyon", "\u201cInternal\u201d ", internal, external),  # curly quotes, case and spaces around it
     ]
-    np.testing.assert_allclose(R.get_reward("source_consistency")(samples), [1, 0, 1, 0, 0, 0, 0])
+    np.testing.assert_allclose(R.get_reward("source_consistency")(samples), [1, 0, 1, 0, 0, 0, 0, 0, 1])
+
+
+def test_source_consistency_judge():
+    """The Table 7 judge check: one batched call for the rows with an answer and a declaration, the declared
+    stream (only) shown, the verdict read from its JSON."""
+    internal, external = "1. Lyon is in France.", "Doc 1: Paris is the capital of France."
+    samples = [
+        soar("Paris", "external", internal, external),
+        soar("Lyon", "internal", internal, external),
+        soar("Paris", "both", internal, external),  # no declaration: 0 without a call
+        soar("Berlin", "external", internal, external),
+    ]
+    judge = FakeJudge(['{"reason": "r", "consistent": true}', '"consistent": TRUE', "no verdict"])
+    np.testing.assert_allclose(R.source_consistency_judge_reward(judge)(samples), [1, 1, 0, 0])
+    (conversations,) = judge.calls
+    assert len(conversations) == 3
+    system, user = conversations[1]
+    assert system == {"role": "system", "content": R.SOURCE_CONSISTENCY_JUDGE_PROMPT}
+    assert user["role"] == "user" and "Final answer: Lyon" in user["content"]
+    assert "Declared source: internal" in user["content"] and internal in user["content"]
+    assert external not in user["content"]
 
 
 @pytest.mark.parametrize(
@@ -233,9 +266,9 @@ class FakeJudge:
     def __init__(self, outputs):
         self.outputs, self.calls = outputs, []
 
-    def judge(self, prompts):
-        self.calls.append(list(prompts))
-        return self.outputs[: len(prompts)]
+    def judge(self, conversations):
+        self.calls.append(list(conversations))
+        return self.outputs[: len(conversations)]
 
 
 def test_fabrication_judge_reward_and_rate():
@@ -247,12 +280,28 @@ def test_fabrication_judge_reward_and_rate():
     assert R.fabrication_rate(scores) == pytest.approx(2 / 3)
     np.testing.assert_allclose(R.fabrication_reward(judge)(samples), [1, 0, 0, 0])
     assert len(judge.calls) == 2 and len(judge.calls[0]) == 4  # one batched call per use
-    prompt = judge.calls[0][1]
-    assert prompt.startswith(R.FABRICATION_JUDGE_PROMPT) and "Question: q1" in prompt and VALID in prompt
+    # Table 2 is the system message; the question and the trajectory are the user message
+    system, user = judge.calls[0][1]
+    assert system == {"role": "system", "content": R.FABRICATION_JUDGE_PROMPT}
+    assert user["role"] == "user" and "Question: q1" in user["content"] and VALID in user["content"]
+    assert R.FABRICATION_JUDGE_PROMPT not in user["content"]
     assert "Do NOT evaluate whether the final answer is correct." in R.FABRICATION_JUDGE_PROMPT
     assert np.isnan(R.fabrication_rate(np.array([np.nan])))
-    with pytest.raises(ValueError, match="judge returned 0 verdicts for 1 prompts"):
+    with pytest.raises(ValueError, match="judge returned 0 verdicts for 1 conversations"):
         R.judge_fabrication(FakeJudge([]), samples[:1])
+
+
+def test_fabrication_judge_sees_the_external_stream_only():
+    """SOAR's judge is shown E_ext: the trajectory with each observation cut to the retrieved passages."""
+    soar = get_protocol("soar")
+    obs = soar.format_observation([Doc("d1", "France", "Paris is the capital.")], "1. Lyon is the capital.")
+    response = f"<think>t</think><search>q</search>{obs}<think>t</think><answer>Lyon</answer>"
+    external = response.replace(obs, soar.external_view(obs))
+    assert "Lyon is the capital" not in external and "Paris is the capital." in external
+    judge = FakeJudge(['{"grounded": false}'])
+    R.judge_fabrication(judge, [RewardInput(response, GOLD, "q", external_response=external)])
+    (((_, user),),) = judge.calls
+    assert external in user["content"] and "Lyon is the capital" not in user["content"]
 
 
 def test_combine_and_registry():

@@ -80,17 +80,18 @@ def answer_in_text(text: str, golden_answers: str | Sequence[str]) -> bool:
     return any(g and g in norm_text for g in (normalize_answer(a) for a in _as_list(golden_answers)))
 
 
-def f1_score(prediction: str, golden_answers: str | Sequence[str]) -> float:
+def f1_score(prediction: str, golden_answers: str | Sequence[str], special_answers: bool = True) -> float:
     """Max token-level F1 over golden answers.
 
-    FlashRAG's rule: when either normalized side is "yes", "no" or "noanswer" and the two differ, that
-    golden answer scores 0.
+    FlashRAG's rule (special_answers): when either normalized side is "yes", "no" or "noanswer" and the two
+    differ, that golden answer scores 0. Without it: SQuAD's plain token F1 (R-Search's `F1_check` before its
+    rounding, Graph-R1's `cal_f1`).
     """
     pred = normalize_answer(prediction)
     best = 0.0
     for golden in _as_list(golden_answers):
         gold = normalize_answer(golden)
-        if (pred in _SPECIAL_ANSWERS or gold in _SPECIAL_ANSWERS) and pred != gold:
+        if special_answers and (pred in _SPECIAL_ANSWERS or gold in _SPECIAL_ANSWERS) and pred != gold:
             continue
         pred_tokens, gold_tokens = pred.split(), gold.split()
         common = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())

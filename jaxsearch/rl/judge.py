@@ -46,7 +46,9 @@ RSEARCH_EVIDENCE_PROMPT = (
 class ChatModel(Protocol):
     """A chat model: one reply per conversation."""
 
-    def chat(self, batch: list[list[dict]], max_tokens: int, temperature: float) -> list[str]: ...
+    def chat(
+        self, batch: list[list[dict]], max_tokens: int, temperature: float, top_p: float = 1.0
+    ) -> list[str]: ...
 
 
 # -------------------------------------------------------------------------------- OpenAI backend
@@ -89,7 +91,9 @@ class OpenAIChatModel:
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._http = httpx.Client(timeout=timeout, headers=headers, limits=limits)
 
-    def chat(self, batch: list[list[dict]], max_tokens: int, temperature: float) -> list[str]:
+    def chat(
+        self, batch: list[list[dict]], max_tokens: int, temperature: float, top_p: float = 1.0
+    ) -> list[str]:
         if not batch:
             return []
         payloads = [
@@ -98,6 +102,7 @@ class OpenAIChatModel:
                 "messages": list(m),
                 "max_tokens": int(max_tokens),
                 "temperature": float(temperature),
+                "top_p": float(top_p),
             }
             for m in batch
         ]
@@ -157,7 +162,7 @@ class LocalChatModel:
     chunks of `batch_size` rows; the last chunk is padded with copies of a prompt (which decode nothing),
     so shapes stay static. A reply ends at the tokenizer's eos or after `max_tokens`, capped by
     `max_new_tokens` (the decode loop's static length). Each temperature gets its own compiled sampler;
-    the one for `temperature` is built here. Sampled chunks use seeds `seed`, `seed + 1`, ... in call order.
+    the one for `temperature` (top_p 1) is built here. Sampled chunks use seeds `seed`, `seed + 1`, ... in call order.
 
     tokenizer: a Tokenizer, "qwen" for Qwen2.5's, or the path of a word-tokenizer JSON file.
     """
@@ -177,7 +182,7 @@ class LocalChatModel:
         self.config, self.params, self.tokenizer = config, params, tokenizer
         self.cache_len, self.max_new_tokens, self.batch_size = cache_len, max_new_tokens, batch_size
         self.table = StopTable.build(tokenizer, [], [tokenizer.eos_id], config.vocab_size)
-        self._samplers: dict[float, Sampler] = {}
+        self._samplers: dict[tuple[float, float], Sampler] = {}
         self._next_seed = seed
         self.sampler(temperature)
 
@@ -190,20 +195,18 @@ class LocalChatModel:
             config, params = hf_io.load_hf(path, dtype=dtype)
         return cls(config, params, tokenizer, **kwargs)
 
-    def sampler(self, temperature: float) -> Sampler:
-        """The sampler decoding at `temperature` (built and cached on first use)."""
-        temperature = float(temperature)
-        if temperature not in self._samplers:
-            self._samplers[temperature] = Sampler(
-                self.config,
-                self.table,
-                self.cache_len,
-                self.max_new_tokens,
-                SamplingParams(temperature=temperature),
+    def sampler(self, temperature: float, top_p: float = 1.0) -> Sampler:
+        """The sampler decoding at `temperature` and `top_p` (built and cached on first use)."""
+        key = (float(temperature), float(top_p) if temperature else 1.0)
+        if key not in self._samplers:
+            self._samplers[key] = Sampler(
+                self.config, self.table, self.cache_len, self.max_new_tokens, SamplingParams(*key)
             )
-        return self._samplers[temperature]
+        return self._samplers[key]
 
-    def chat(self, batch: list[list[dict]], max_tokens: int, temperature: float) -> list[str]:
+    def chat(
+        self, batch: list[list[dict]], max_tokens: int, temperature: float, top_p: float = 1.0
+    ) -> list[str]:
         tok = self.tokenizer
         budget = min(int(max_tokens), self.max_new_tokens)
         prompts = [
@@ -216,7 +219,7 @@ class LocalChatModel:
                     f"conversation {i}: {len(p)} prompt tokens + {budget} new tokens "
                     f"exceed cache_len={self.cache_len}"
                 )
-        sampler = self.sampler(temperature)
+        sampler = self.sampler(temperature, top_p)
         replies = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
@@ -260,26 +263,13 @@ def make_chat_model(kind: str, **kwargs) -> ChatModel:
 
 
 class ChatJudge:
-    """`Judge` over a chat model: each prompt is one user message, after an optional system message."""
+    """`Judge` over a chat model: one reply per conversation (the rewards build the system and user messages)."""
 
-    def __init__(
-        self,
-        chat_model: ChatModel,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        system: str | None = None,
-    ):
-        self.chat_model, self.max_tokens, self.temperature, self.system = (
-            chat_model,
-            max_tokens,
-            temperature,
-            system,
-        )
+    def __init__(self, chat_model: ChatModel, max_tokens: int = 512, temperature: float = 0.0):
+        self.chat_model, self.max_tokens, self.temperature = chat_model, max_tokens, temperature
 
-    def judge(self, prompts: list[str]) -> list[str]:
-        head = [{"role": "system", "content": self.system}] if self.system is not None else []
-        batch = [head + [{"role": "user", "content": p}] for p in prompts]
-        return self.chat_model.chat(batch, self.max_tokens, self.temperature)
+    def judge(self, conversations: list[list[dict]]) -> list[str]:
+        return self.chat_model.chat(conversations, self.max_tokens, self.temperature)
 
 
 class ChatEvidenceAnswerer:
@@ -296,6 +286,7 @@ class ChatEvidenceAnswerer:
         prompt_template: str = RSEARCH_EVIDENCE_PROMPT,
         max_tokens: int = 512,
         temperature: float = 0.1,
+        top_p: float = 0.9,
     ):
         fields = {name for _, name, _, _ in string.Formatter().parse(prompt_template) if name is not None}
         if fields != {"evidence", "question"}:
@@ -303,7 +294,7 @@ class ChatEvidenceAnswerer:
                 f"prompt_template must have the fields {{evidence}} and {{question}}, got {sorted(fields)}"
             )
         self.chat_model, self.prompt_template = chat_model, prompt_template
-        self.max_tokens, self.temperature = max_tokens, temperature
+        self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
         self.tagged = "<answer>" in prompt_template
 
     def prompt(self, question: str, evidence: str) -> str:
@@ -313,7 +304,7 @@ class ChatEvidenceAnswerer:
         if len(questions) != len(evidences):
             raise ValueError(f"{len(questions)} questions but {len(evidences)} evidences")
         batch = [[{"role": "user", "content": self.prompt(q, e)}] for q, e in zip(questions, evidences)]
-        replies = self.chat_model.chat(batch, self.max_tokens, self.temperature)
+        replies = self.chat_model.chat(batch, self.max_tokens, self.temperature, self.top_p)
         if not self.tagged:
             return [r.strip() for r in replies]
         return [extract_answer(r) or "" for r in replies]

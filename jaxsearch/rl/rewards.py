@@ -1,21 +1,25 @@
-"""Rewards over decoded trajectories (host side): parsers, named reward functions, weighted sums.
+"""Rewards over decoded trajectories (host side): named reward functions and weighted sums.
 
 A reward function takes a batch of `RewardInput` and returns float64 [N], so a reward backed by a
-model (R-Search's evidence answerer, SOAR's fabrication judge) makes one batched call per batch.
+model (R-Search's evidence answerer, SOAR's judges) makes one batched call per batch.
 
-    REWARDS / get_reward(name)        text-only rewards by name: em, f1, sub_em, em_gated, f1_gated,
-                                      format, search_r1, rsearch_format, source_consistency
+    REWARDS / get_reward(name)        text-only rewards by name: em, f1, sub_em (Search-R1's answer rule),
+                                      em_strict, f1_strict (one answer, at most 256 characters), em_gated,
+                                      f1_gated, format, search_r1, rsearch_f1, rsearch_format, graph_r1,
+                                      source_consistency
     combine([("em", 1.0), ("format", 0.2), (evidence_reward(answerer), 1.0)])   weighted sum; its
                                       `score(samples)` also gives each term's values by name
 
 `response` is everything after the prompt, decoded without special tokens: what the policy wrote
 plus the `<information>...</information>` observations the retriever inserted. Tags inside an
-observation are never read as the policy's: parsers first empty every complete information block.
+observation are never read as the policy's (`parsing.policy_view`).
 
 Sources: Search-R1 `verl/utils/reward_score/qa_em.py` and `qa_em_format.py` (answer extraction,
-`is_valid_sequence`, the combined EM/format score); Graph-R1 (answer counts only with a valid
-format); R-Search (seed 002: answer F1 + evidence F1 from a frozen answerer + format); SOAR (seed 001:
-source-consistent reward, evidence-fabrication judge of Table 2).
+`is_valid_sequence`, the combined EM/format score, its constants in
+`scripts/nq_hotpotqa/v0.3/train_grpo_format.sh`); Graph-R1 as forked by EKA (format score and F1);
+R-Search (seed 002 and QingFei1/R-Search: answer F1 + evidence F1 from a frozen answerer + format);
+SOAR (seed 001: source-consistent reward, Table 7's two checks; evidence-fabrication judge, Table 2).
+tests/data/reward_cases/ holds values obtained by running the authors' functions on the same inputs.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, sub_exact_match
+from jaxsearch.rollout import parsing
 
 MAX_ANSWER_CHARS = 256
 
@@ -36,9 +41,12 @@ class RewardInput:
 
     response:           decoded text after the prompt (policy text and <information> observations).
     golden_answers:     the dataset's accepted answers.
-    question:           the raw question (R-Search's evidence answerer and SOAR's judge read it).
-    internal_knowledge: SOAR: text of the internal-knowledge stream (facts the policy listed).
-    external_knowledge: SOAR: text of the external stream (passages the retriever returned).
+    question:           the raw question (R-Search's evidence answerer and SOAR's judges read it).
+    internal_knowledge: SOAR: the internal stream E_int, the facts the policy listed (all searches).
+    external_knowledge: the external stream E_ext, the passages the retriever returned (all searches);
+                        never the internal facts, though a SOAR observation shows both.
+    external_response:  the response with each observation reduced to its external stream: what SOAR's
+                        fabrication judge is shown. None: the response itself (no internal stream).
     """
 
     response: str
@@ -46,69 +54,27 @@ class RewardInput:
     question: str = ""
     internal_knowledge: str = ""
     external_knowledge: str = ""
+    external_response: str | None = None
 
 
 RewardFn = Callable[[Sequence[RewardInput]], np.ndarray]
 
 
 # ---------------------------------------------------------------------------------------- parsing
+# One parser for the protocols, the rewards and evaluation: jaxsearch/rollout/parsing.py.
 
-_OBSERVATION = re.compile(r"<information>.*?</information>", re.DOTALL)
-
-
-def policy_view(response: str) -> str:
-    """The response with every complete observation emptied to `<information></information>`."""
-    return _OBSERVATION.sub("<information></information>", response)
-
-
-def observations(response: str) -> list[str]:
-    """Contents of the complete `<information>` blocks, in order."""
-    return [m.group(0)[len("<information>") : -len("</information>")] for m in _OBSERVATION.finditer(response)]
-
-
-def _last_block(text: str, tag: str) -> str | None:
-    """Stripped content of the last innermost complete <tag>...</tag> in text, or None."""
-    pattern = rf"<{tag}>((?:(?!</?{tag}>).)*)</{tag}>"
-    matches = re.findall(pattern, text, re.DOTALL)
-    return matches[-1].strip() if matches else None
-
-
-def _single_block_start(text: str, tag: str) -> int | None:
-    """Start of the only <tag>...</tag> in text, or None unless there is exactly one open and one close."""
-    if text.count(f"<{tag}>") != 1 or text.count(f"</{tag}>") != 1:
-        return None
-    start = text.find(f"<{tag}>")
-    return start if start < text.find(f"</{tag}>") else None
-
-
-def extract_answer(response: str) -> str | None:
-    """The last complete `<answer>...</answer>` the policy wrote (Search-R1's rule), stripped; else None.
-
-    Nested tags resolve to the innermost block; an unclosed trailing `<answer>` is ignored. Search-R1
-    skips the first match because its text includes the prompt's example; ours starts after the prompt.
-    """
-    return _last_block(policy_view(response), "answer")
+policy_view, observations, blocks = parsing.policy_view, parsing.observations, parsing.blocks
+extract_answer, extract_evidence = parsing.extract_answer, parsing.extract_evidence
+extract_information_source = parsing.information_source
 
 
 def graded_answer(response: str, max_answer_chars: int = MAX_ANSWER_CHARS) -> str | None:
-    """The answer that answer rewards score: None when absent, flooded (more than one `<answer>`)
-    or longer than `max_answer_chars`."""
+    """The answer the strict rewards (`em_strict`, `f1_strict`) score: None when absent, flooded (more than
+    one `<answer>` outside observations) or longer than `max_answer_chars`."""
     if policy_view(response).count("<answer>") > 1:
         return None
     answer = extract_answer(response)
     return answer if answer is not None and len(answer) <= max_answer_chars else None
-
-
-def extract_evidence(response: str) -> str | None:
-    """The last complete `<evidence>...</evidence>` the policy wrote (R-Search), stripped; else None."""
-    return _last_block(policy_view(response), "evidence")
-
-
-def extract_information_source(response: str) -> str | None:
-    """SOAR's declared source: "internal" or "external" from the last `<information_source>`; else None."""
-    source = _last_block(policy_view(response), "information_source")
-    source = source.lower() if source is not None else None
-    return source if source in ("internal", "external") else None
 
 
 # --------------------------------------------------------------------------- Search-R1 format
@@ -152,55 +118,143 @@ def retrieval_hit(response: str, golden_answers: Sequence[str]) -> bool:
     return any(answer_in_text(block, golden_answers) for block in observations(response))
 
 
+# Search-R1's published format constants (scripts/nq_hotpotqa/v0.3/train_grpo_format.sh: reward_model.
+# structure_format_score=0.2, final_format_score=0.1, retrieval_score=0)
+STRUCTURE_FORMAT_SCORE, FINAL_FORMAT_SCORE, RETRIEVAL_SCORE = 0.2, 0.1, 0.0
+
+
 def search_r1_score(
     response: str,
     golden_answers: Sequence[str],
-    structure_format_score: float = 0.2,
-    final_format_score: float = 0.1,
-    retrieval_score: float = 0.1,
+    structure_format_score: float = STRUCTURE_FORMAT_SCORE,
+    final_format_score: float = FINAL_FORMAT_SCORE,
+    retrieval_score: float = RETRIEVAL_SCORE,
     score: float = 1.0,
 ) -> float:
     """Search-R1's `qa_em_format.compute_score_em` on one trajectory.
 
     correct answer:    score if the format is valid, else score - structure_format_score.
     otherwise, valid:  structure_format_score (+ retrieval_score if an observation holds a golden answer).
-    otherwise:         final_format_score if there is an answer, else 0.
+    otherwise:         final_format_score, the floor of every invalid trajectory.
+
+    Search-R1 scores the decoded prompt + response, and its prompt holds two complete answer blocks
+    ("<answer> and </answer>", "<answer> Beijing </answer>"), so a response without an answer is scored as
+    if it answered "Beijing": wrong (final_format_score) unless a golden answer is "Beijing". Here a response
+    without an answer is never correct: it gets the floor, which is Search-R1's value for every other gold.
     """
-    answer = graded_answer(response)
+    answer = extract_answer(response)
     valid = is_valid_sequence(response)
     if answer is not None and exact_match(answer, golden_answers):
         return score if valid else score - structure_format_score
     if valid:
         return structure_format_score + (retrieval_score if retrieval_hit(response, golden_answers) else 0.0)
-    return final_format_score if answer is not None else 0.0
+    return final_format_score
 
 
-# ------------------------------------------------------------------------------ R-Search format
+# ------------------------------------------------------------------------------ R-Search
+# QingFei1/R-Search `src/verl/utils/reward_score/qa_f1.py` (compute_score_f1, extract_solution, F1_check).
+# Its prompt holds one complete block of each tag (content "and"), and it counts blocks over prompt + response;
+# below the counts are the response's own.
+
+
+def rsearch_f1(prediction: str, golden_answers: Sequence[str]) -> float:
+    """R-Search's `F1_check`: SQuAD token F1, max over golden answers, rounded to 2 decimals (no yes/no rule)."""
+    return round(f1_score(prediction, golden_answers, special_answers=False), 2)
+
+
+def rsearch_evidence(response: str) -> str | None:
+    """The evidence R-Search scores: the last `<evidence>` block, only when the response has an observation."""
+    view = policy_view(response)
+    return extract_evidence(response) if blocks(view, "information") else None
+
 
 def rsearch_format_score(response: str, weight: float = 0.2) -> float:
-    """R-Search format: `weight` for exactly one answer block + `weight` for exactly one evidence
-    block that comes after at least one observation."""
+    """R-Search's format reward (`extract_solution`'s two flags):
+
+    answer:   `weight` when the response has exactly one answer block, non-empty and not "and".
+    evidence: `weight` when it has exactly one non-empty evidence block and at least one observation, or
+              when it has neither an evidence block nor an observation (no search, nothing to distill).
+              The order of evidence and observations is not checked.
+    """
     view = policy_view(response)
-    answer_ok = _single_block_start(view, "answer") is not None
-    evidence_start = _single_block_start(view, "evidence")
-    evidence_ok = evidence_start is not None and "</information>" in view[:evidence_start]
+    answers, evidences = blocks(view, "answer"), blocks(view, "evidence")
+    answer_ok = len(answers) == 1 and answers[0].strip() not in ("", "and")
+    searched = bool(blocks(view, "information"))
+    if not evidences:
+        evidence_ok = not searched
+    else:
+        evidence_ok = searched and len(evidences) == 1 and bool(evidences[0].strip())
     return weight * answer_ok + weight * evidence_ok
+
+
+# ------------------------------------------------------------------------------ Graph-R1
+# Graph-R1's `verl/utils/reward_score/qa_em_and_format.py` (compute_score_format, compute_score_format_answer)
+# with `cal_f1` of its eval.py, as forked by EKA. It reads the assistant turns of the decoded (special tokens
+# kept) prompt + response; knowledge comes back in user turns, so tags inside it are never read.
+
+_ASSISTANT_START, _TURN_END = "<|im_start|>assistant\n", "<|im_end|>"
+_ASSISTANT_TURN = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.DOTALL)
+_QUERY_TURN = re.compile(r"^<think>(.*?)</think>\n<query>(.*?)</query>$", re.DOTALL)
+_ANSWER_TURN = re.compile(r"^<think>(.*?)</think>\n<answer>(.*?)</answer>$", re.DOTALL)
+_QUERY_TURN_TAGS = ("<think>", "</think>", "<query>", "</query>")
+
+
+def graph_r1_turns(response: str) -> list[str]:
+    """The policy's assistant turns as Graph-R1 sees them: the response (which starts right after the prompt's
+    `<|im_start|>assistant\n`) cut at the chat turn markers. Graph-R1 closes every turn the policy wrote with
+    `<|im_end|>`; so is the last one here, unless the response ends on an observation's pre-filled `<think>\n`
+    (the row ran out of turns: Graph-R1 has no turn there)."""
+    text = _ASSISTANT_START + response
+    if not text.endswith(_TURN_END) and not text.endswith(_ASSISTANT_START + "<think>\n"):
+        text += _TURN_END
+    return _ASSISTANT_TURN.findall(text)
+
+
+def graph_r1_format_score(response: str) -> float:
+    """Graph-R1's format score, uncapped: 0.5 per well-formed non-final turn (`<think>...</think>\n<query>...
+    </query>`, each of the four tags once) + 0.5 for a well-formed final turn (`<think>...</think>\n<answer>...
+    </answer>`; its tags are not counted)."""
+    turns = graph_r1_turns(response)
+    if not turns:
+        return 0.0
+    score = 0.0
+    for turn in turns[:-1]:
+        if all(turn.count(tag) == 1 for tag in _QUERY_TURN_TAGS) and _QUERY_TURN.match(turn):
+            score += 0.5
+    return score + (0.5 if _ANSWER_TURN.match(turns[-1]) else 0.0)
+
+
+def graph_r1_score(response: str, golden_answers: Sequence[str]) -> float:
+    """Graph-R1's reward: answer F1 (SQuAD, no yes/no rule) of the first `<answer>` of the last turn when the
+    format score reaches 1, else -1 + format score. A direct answer without a search is at most -0.5."""
+    form = min(graph_r1_format_score(response), 1.0)
+    if form < 1.0:
+        return -1.0 + form
+    turns = graph_r1_turns(response)
+    answer = re.search(r"<answer>(.*?)</answer>", turns[-1], re.DOTALL)
+    return 0.0 if answer is None else f1_score(answer.group(1).strip(), golden_answers, special_answers=False)
 
 
 # ------------------------------------------------------------------------------ SOAR consistency
 
-def source_consistent(sample: RewardInput) -> bool:
-    """SOAR: the declared `<information_source>` supports the answer (EM check).
+def declared_stream(sample: RewardInput) -> tuple[str, str, str] | None:
+    """(answer, declared source, that source's stream text), or None without an answer or a declaration.
 
-    The answer is supported by a stream when its normalized text occurs in the stream's normalized
-    text (`answer_in_text`); declaring "internal" needs support in `internal_knowledge`, declaring
-    "external" needs it in `external_knowledge`. No answer or no declaration is inconsistent.
+    "internal" points at `internal_knowledge` (E_int) and "external" at `external_knowledge` (E_ext) only:
+    an answer found in the other stream does not count.
     """
-    answer, source = graded_answer(sample.response), extract_information_source(sample.response)
-    if answer is None or source is None:
-        return False
-    stream = sample.internal_knowledge if source == "internal" else sample.external_knowledge
-    return answer_in_text(stream, [answer])
+    answer, source = extract_answer(sample.response), extract_information_source(sample.response)
+    if not answer or source is None:
+        return None
+    return answer, source, sample.internal_knowledge if source == "internal" else sample.external_knowledge
+
+
+def source_consistent(sample: RewardInput) -> bool:
+    """SOAR's source-consistency check by exact match (Table 7, "w/ EM check"): the declared stream
+    supports the answer. The seed does not spell out the match; our reading is SQuAD-normalized
+    containment of the answer in the stream's text (`answer_in_text`). No answer or no declaration: False."""
+    declared = declared_stream(sample)
+    return declared is not None and answer_in_text(declared[2], [declared[0]])
 
 
 # ---------------------------------------------------------------------- reward function builders
@@ -214,11 +268,16 @@ def per_sample(fn: Callable[[RewardInput], float]) -> RewardFn:
     return reward
 
 
-def answer_reward(metric: Callable[[str, Sequence[str]], float], max_answer_chars: int = MAX_ANSWER_CHARS) -> RewardFn:
-    """metric(graded answer, golden answers); 0 without a gradable answer."""
+def answer_reward(metric: Callable[[str, Sequence[str]], float], strict: bool = False) -> RewardFn:
+    """metric(answer, golden answers); 0 without an answer.
+
+    The answer is Search-R1's (`qa_em.compute_score_em`): the last complete `<answer>` block, any number of
+    blocks, any length. strict: `graded_answer`, so more than one answer block or one over 256 characters
+    scores 0 (a guard against answer flooding that the papers do not have).
+    """
 
     def score(s: RewardInput) -> float:
-        answer = graded_answer(s.response, max_answer_chars)
+        answer = graded_answer(s.response) if strict else extract_answer(s.response)
         return 0.0 if answer is None else metric(answer, s.golden_answers)
 
     return per_sample(score)
@@ -245,22 +304,23 @@ class EvidenceAnswerer(Protocol):
 
 
 def evidence_reward(answerer: EvidenceAnswerer) -> RewardFn:
-    """R-Search evidence reward: F1 of the answerer's answer from the trajectory's `<evidence>`.
+    """R-Search's evidence reward (`compute_score_f1`): `rsearch_f1` of the frozen answerer's reply to the
+    stripped question and the trajectory's evidence (`rsearch_evidence`: only after an observation).
 
-    One `answerer.answer` call per batch, for the trajectories that wrote evidence; the others get 0.
+    One `answerer.answer` call per batch, for the trajectories with non-empty evidence; the others get 0.
     """
 
     def evidence(samples: Sequence[RewardInput]) -> np.ndarray:
         out = np.zeros(len(samples), dtype=np.float64)
-        evidences = [extract_evidence(s.response) for s in samples]
+        evidences = [rsearch_evidence(s.response) for s in samples]
         rows = [i for i, e in enumerate(evidences) if e]
         if not rows:
             return out
-        answers = answerer.answer([samples[i].question for i in rows], [evidences[i] for i in rows])
+        answers = answerer.answer([samples[i].question.strip() for i in rows], [evidences[i] for i in rows])
         if len(answers) != len(rows):
             raise ValueError(f"evidence answerer returned {len(answers)} answers for {len(rows)} evidences")
         for i, answer in zip(rows, answers):
-            out[i] = f1_score(answer, samples[i].golden_answers)
+            out[i] = rsearch_f1(answer, samples[i].golden_answers)
         return out
 
     return evidence
@@ -268,7 +328,7 @@ def evidence_reward(answerer: EvidenceAnswerer) -> RewardFn:
 
 def rsearch_reward(answerer: EvidenceAnswerer) -> RewardFn:
     """R-Search's total reward: answer F1 + evidence F1 + format (0.2 answer + 0.2 evidence)."""
-    return combine([("f1", 1.0), (evidence_reward(answerer), 1.0), ("rsearch_format", 1.0)])
+    return combine([("rsearch_f1", 1.0), (evidence_reward(answerer), 1.0), ("rsearch_format", 1.0)])
 
 
 # --------------------------------------------------------------------------- SOAR fabrication judge
@@ -286,14 +346,20 @@ Output Format:
 
 
 class Judge(Protocol):
-    """An LLM judge: one completion per prompt."""
+    """An LLM judge: one completion per conversation of `{"role", "content"}` messages."""
 
-    def judge(self, prompts: list[str]) -> list[str]: ...
+    def judge(self, conversations: list[list[dict]]) -> list[str]: ...
 
 
-def fabrication_judge_prompt(question: str, response: str) -> str:
-    """SOAR's Table 2 instruction followed by the question and the trajectory to judge."""
-    return f"{FABRICATION_JUDGE_PROMPT}\n\nQuestion: {question}\n\nModel reasoning:\n{response}"
+def fabrication_judge_messages(sample: RewardInput) -> list[dict]:
+    """SOAR's judge conversation: Table 2's text as the system message; the question and the trajectory as
+    the user message (its layout is ours: the seed shows only the system prompt). The trajectory is the
+    external view (E_ext only): facts the policy listed itself are not evidence it was given."""
+    response = sample.response if sample.external_response is None else sample.external_response
+    return [
+        {"role": "system", "content": FABRICATION_JUDGE_PROMPT},
+        {"role": "user", "content": f"Question: {sample.question}\n\nModel reasoning:\n{response}"},
+    ]
 
 
 _GROUNDED = re.compile(r"grounded[\"']?\s*[:=]\s*[\"']?(true|false)\b(?!\s*/)", re.IGNORECASE)
@@ -313,12 +379,17 @@ def parse_fabrication_verdict(text: str) -> float | None:
 
 def judge_fabrication(judge: Judge, samples: Sequence[RewardInput]) -> np.ndarray:
     """Fabrication score per trajectory [N]: 1.0 fabricated, 0.0 grounded, NaN if unparseable."""
-    prompts = [fabrication_judge_prompt(s.question, s.response) for s in samples]
-    verdicts = judge.judge(prompts) if prompts else []
-    if len(verdicts) != len(prompts):
-        raise ValueError(f"judge returned {len(verdicts)} verdicts for {len(prompts)} prompts")
+    conversations = [fabrication_judge_messages(s) for s in samples]
+    verdicts = _judged(judge, conversations)
     scores = [parse_fabrication_verdict(v) for v in verdicts]
     return np.array([np.nan if s is None else s for s in scores], dtype=np.float64)
+
+
+def _judged(judge: Judge, conversations: list[list[dict]]) -> list[str]:
+    verdicts = judge.judge(conversations) if conversations else []
+    if len(verdicts) != len(conversations):
+        raise ValueError(f"judge returned {len(verdicts)} verdicts for {len(conversations)} conversations")
+    return verdicts
 
 
 def fabrication_reward(judge: Judge) -> RewardFn:
@@ -337,17 +408,66 @@ def fabrication_rate(scores: np.ndarray) -> float:
     return float(parsed.mean()) if parsed.size else float("nan")
 
 
+# --------------------------------------------------------------------- SOAR consistency by a judge
+
+# Ours: the seed names an LLM-judged source-consistency check (Table 7, "w/ Claude Opus 4.8 judge") but does
+# not print its prompt. Written in the style of Table 2.
+SOURCE_CONSISTENCY_JUDGE_PROMPT = """Task Instruction:
+
+Determine whether the final answer is supported by the information source the model declared. You are given the question, the final answer, the declared source ("internal": facts the model listed from its own knowledge; "external": passages returned by a search engine) and the text of that source. Only judge whether the source text states or directly implies the answer. Do NOT evaluate whether the final answer is correct.
+
+Output Format:
+
+{
+"reason": "...",
+"consistent": true/false
+}"""
+
+_CONSISTENT = re.compile(r"consistent[\"']?\s*[:=]\s*[\"']?(true|false)\b(?!\s*/)", re.IGNORECASE)
+
+
+def source_consistency_judge_messages(answer: str, source: str, stream: str, question: str) -> list[dict]:
+    """The consistency judge's conversation: the instruction as the system message, the case as the user's."""
+    case = f"Question: {question}\n\nFinal answer: {answer}\n\nDeclared source: {source}\n\nSource text:\n{stream}"
+    return [
+        {"role": "system", "content": SOURCE_CONSISTENCY_JUDGE_PROMPT},
+        {"role": "user", "content": case},
+    ]
+
+
+def source_consistency_judge_reward(judge: Judge) -> RewardFn:
+    """SOAR's source-consistency check by an LLM judge (Table 7): 1.0 when the judge finds the declared
+    stream supports the answer; 0.0 otherwise, unparseable verdicts included. Trajectories without an
+    answer or a declaration get 0.0 without a judge call; one batched call for the rest."""
+
+    def consistent(samples: Sequence[RewardInput]) -> np.ndarray:
+        out = np.zeros(len(samples), dtype=np.float64)
+        declared = [(i, declared_stream(s)) for i, s in enumerate(samples)]
+        rows = [(i, d) for i, d in declared if d is not None]
+        conversations = [source_consistency_judge_messages(*d, samples[i].question) for i, d in rows]
+        for (i, _), verdict in zip(rows, _judged(judge, conversations)):
+            found = _CONSISTENT.findall(verdict)
+            out[i] = float(bool(found) and found[-1].lower() == "true")
+        return out
+
+    return consistent
+
+
 # ---------------------------------------------------------------------------------- registry
 
 REWARDS: dict[str, RewardFn] = {
     "em": answer_reward(exact_match),
     "f1": answer_reward(f1_score),
     "sub_em": answer_reward(sub_exact_match),
+    "em_strict": answer_reward(exact_match, strict=True),
+    "f1_strict": answer_reward(f1_score, strict=True),
     "em_gated": format_gated(answer_reward(exact_match)),
     "f1_gated": format_gated(answer_reward(f1_score)),
     "format": per_sample(lambda s: float(is_valid_sequence(s.response))),
     "search_r1": search_r1_reward(),
+    "rsearch_f1": answer_reward(rsearch_f1),
     "rsearch_format": per_sample(lambda s: rsearch_format_score(s.response)),
+    "graph_r1": per_sample(lambda s: graph_r1_score(s.response, s.golden_answers)),
     "source_consistency": per_sample(lambda s: float(source_consistent(s))),
 }
 

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from jaxsearch.retrieval.base import format_passages
 from jaxsearch.rollout import segments
 from jaxsearch.rollout.protocols import AgentProtocol
 from jaxsearch.rollout.sampler import STOP_BUDGET, Sampler
@@ -67,7 +68,12 @@ class Trajectories:
     responses: list = dataclasses.field(metadata=dict(static=True))  # policy + observation text (no hints)
     doc_ids: list = dataclasses.field(metadata=dict(static=True))  # per row, per search: retrieved ids
     observations: list = dataclasses.field(metadata=dict(static=True))  # per row: observation strings
-    internal_knowledge: list = dataclasses.field(metadata=dict(static=True))  # SOAR: internal streams
+    # per row, per search: the retrieved passages' text (the external stream, E_ext) and SOAR's listed facts
+    # (the internal stream, E_int), kept apart: a SOAR observation shows both
+    retrieved: list = dataclasses.field(metadata=dict(static=True))
+    internal_knowledge: list = dataclasses.field(metadata=dict(static=True))
+    # responses with each observation as `protocol.external_view` reads it (SOAR's judge sees E_ext only)
+    external_responses: list = dataclasses.field(metadata=dict(static=True))
     evidence: list = dataclasses.field(metadata=dict(static=True))  # R-Search: last <evidence> or None
     sources: list = dataclasses.field(metadata=dict(static=True))  # SOAR: declared source or None
     timings: dict = dataclasses.field(metadata=dict(static=True))  # seconds: device (prefill, decode,
@@ -84,6 +90,7 @@ class _Row:
         self.answer: str | None = None
         self.doc_ids: list[list[str]] = []
         self.observations: list[str] = []
+        self.retrieved: list[str] = []
         self.internal: list[str] = []
         self.turns = 0
         self.searches = 0
@@ -200,6 +207,7 @@ def run_episodes(
                     rows[i].internal.append(internal[j])
                 rows[i].searches += 1
                 rows[i].doc_ids.append([d.id for d in docs[j]])
+                rows[i].retrieved.append(format_passages(docs[j]).strip())
                 rows[i].observations.append(obs)
                 observations[i] = (OBSERVATION, obs)
         chunks = [[] for _ in range(b)]
@@ -257,6 +265,10 @@ def _assemble(prompts, rows, tokenizer, protocol, timings) -> Trajectories:
             [tokenizer.token_bytes(int(t)) for t in response], protocol.segment_tags
         )
     responses = ["".join(t for kind, t in r.texts if kind != HINT) for r in rows]
+    external = [
+        "".join(protocol.external_view(t) if kind == OBSERVATION else t for kind, t in r.texts if kind != HINT)
+        for r in rows
+    ]
     parse_evidence = getattr(protocol, "parse_evidence", lambda _: None)
     parse_source = getattr(protocol, "parse_source", lambda _: None)
     return Trajectories(
@@ -273,7 +285,9 @@ def _assemble(prompts, rows, tokenizer, protocol, timings) -> Trajectories:
         responses=responses,
         doc_ids=[r.doc_ids for r in rows],
         observations=[r.observations for r in rows],
+        retrieved=[r.retrieved for r in rows],
         internal_knowledge=[r.internal for r in rows],
+        external_responses=external,
         evidence=[parse_evidence(r) for r in responses],
         sources=[parse_source(r) for r in responses],
         timings=timings,

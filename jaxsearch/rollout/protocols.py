@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from jaxsearch.retrieval.base import Doc, Retriever, format_passages
+from jaxsearch.rollout import parsing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +134,9 @@ SOAR_SYSTEM_PROMPT = (
     "you are using your own internal knowledge or external information. Only output either "
     "\u201cinternal\u201d or \u201cexternal\u201d inside this tag, nothing else."
 )
+# Ours (the seed gives no labels): how the two streams are told apart inside one <information> block.
+SOAR_INTERNAL_LABEL = "Internal information:\n"
+SOAR_EXTERNAL_LABEL = "External information:\n"
 SOAR_INTERNAL_KNOWLEDGE_PROMPT = (
     "You are a helpful assistant.\n\n"
     "Your task is to list knowledge relevant to the question using ONLY your internal knowledge. Do NOT "
@@ -218,6 +222,10 @@ class AgentProtocol:
     def invalid_hint(self) -> str:
         """The text appended after an invalid action."""
         raise NotImplementedError
+
+    def external_view(self, observation: str) -> str:
+        """An observation as it reads with only what the retriever returned (SOAR drops its internal stream)."""
+        return observation
 
     def _reject_context(self, initial_context: str | None) -> None:
         if initial_context is not None:
@@ -350,8 +358,8 @@ class SoarProtocol(AgentProtocol):
     def format_observation(self, docs: list[Doc], internal_facts: str) -> str:
         """Both labelled streams in one `<information>` block: internal facts first, then the passages."""
         return (
-            f"\n\n<information>Internal information:\n{internal_facts.strip()}\n"
-            f"External information:\n{passages(docs)}</information>\n\n"
+            f"\n\n<information>{SOAR_INTERNAL_LABEL}{internal_facts.strip()}\n"
+            f"{SOAR_EXTERNAL_LABEL}{passages(docs)}</information>\n\n"
         )
 
     def invalid_hint(self) -> str:
@@ -380,11 +388,17 @@ class SoarProtocol(AgentProtocol):
     @staticmethod
     def parse_source(response: str) -> str | None:
         """The last `<information_source>` the policy wrote, "internal" or "external"; else None."""
-        source = _last_block(_without_observations(response), "information_source")
-        if source is None:
-            return None
-        source = source.strip("\"'\u201c\u201d ").lower()
-        return source if source in ("internal", "external") else None
+        return parsing.information_source(response)
+
+    @staticmethod
+    def external_view(observation: str) -> str:
+        """An observation as seen with the external stream only (what the fabrication judge is shown, E_ext):
+        the internal stream's label and facts removed. `observation` may be cut short (max_obs_tokens)."""
+        start = observation.find(SOAR_INTERNAL_LABEL)
+        if start < 0:
+            return observation
+        end = observation.find(SOAR_EXTERNAL_LABEL, start)
+        return observation[:start] + ("" if end < 0 else observation[end + len(SOAR_EXTERNAL_LABEL) :])
 
 
 @register_protocol("rsearch")
@@ -417,7 +431,7 @@ class RSearchProtocol(AgentProtocol):
     @staticmethod
     def parse_evidence(response: str) -> str | None:
         """The last `<evidence>` block the policy wrote (outside observations), stripped; else None."""
-        return _last_block(_without_observations(response), "evidence")
+        return parsing.extract_evidence(response)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -469,11 +483,3 @@ def _nonempty(question: str) -> str:
         raise ValueError("question is empty")
     return question
 
-
-def _without_observations(response: str) -> str:
-    return re.sub(r"<information>.*?</information>", "", response, flags=re.DOTALL)
-
-
-def _last_block(text: str, tag: str) -> str | None:
-    blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)
-    return blocks[-1].strip() if blocks else None
