@@ -1,5 +1,9 @@
 """Base config: Search-R1's published GRPO setting (Qwen2.5-7B, NQ + HotpotQA, e5 retrieval).
 
+Sources, cited beside each value: Search-R1's `scripts/nq_hotpotqa/v0.2/train_grpo.sh` (the script of its
+published GRPO runs) and the defaults of its veRL fork, `verl/trainer/config/ppo_trainer.yaml`, for what the
+script leaves unset. tests/test_configs.py checks every one of them.
+
 Every other config starts from `get_config()` here and overrides what differs. Keys are locked: a typo in
 `--config.x=y` is an error that names the key.
 """
@@ -10,7 +14,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.total_steps = 1005  # Search-R1: 1005 steps
+    c.total_steps = 1005  # train_grpo.sh: trainer.total_training_steps=1005
     c.log_every = 1
     c.eval_every = 100
     c.save_every = 50
@@ -57,23 +61,33 @@ def get_config() -> ml_collections.ConfigDict:
         train="data/nq_hotpotqa_train/train.parquet",
         eval=ml_collections.ConfigDict({"nq": "data/nq/test.jsonl"}),  # name -> FlashRAG JSONL / parquet
         eval_examples=512,  # per dataset and evaluation
-        batch_size=512,  # questions per step (Search-R1 train_batch_size)
-        group_size=5,  # GRPO samples per question
+        eval_sample="first",  # which eval_examples: "first" in file order, or "random" (drawn with eval_seed)
+        eval_seed=0,
+        batch_size=512,  # questions per step (train_grpo.sh: data.train_batch_size=512)
+        group_size=5,  # GRPO samples per question (train_grpo.sh: actor_rollout_ref.rollout.n_agent=5)
         shuffle=True,
     )
     c.rollout = dict(
-        max_turns=4,
-        retrieval_k=3,
+        max_turns=4,  # train_grpo.sh: max_turns=4
+        retrieval_k=3,  # train_grpo.sh: retriever.topk=3
         initial_k=3,
         internal_k=3,
-        max_segment_tokens=500,
-        max_obs_tokens=500,
-        cache_len=4096,
-        temperature=1.0,
-        top_p=1.0,
+        max_segment_tokens=500,  # train_grpo.sh: data.max_response_length=500
+        max_obs_tokens=500,  # train_grpo.sh: data.max_obs_length=500
+        cache_len=4096,  # train_grpo.sh: data.max_prompt_length=4096 (prompt + all turns)
+        temperature=1.0,  # train_grpo.sh: actor_rollout_ref.rollout.temperature=1
+        # ppo_trainer.yaml: rollout.top_p=0.95, top_k=-1. vLLM's rollout (vllm_rollout.py) passes every
+        # rollout key that SamplingParams has, so training samples at top_p 0.95; validation is greedy
+        # (ray_trainer.py _validate: do_sample=False -> temperature 0, top_p 1)
+        top_p=0.95,
         top_k=0,
-        eval_temperature=0.0,
-        eval_retrieval_k=3,
+        # Search-R1's validation (ray_trainer.py _validate) asks for greedy decoding (do_sample=False), but its
+        # agent loop rebuilds each turn's batch without that meta_info (generation.py run_llm_loop:
+        # DataProto.from_dict), so vLLM samples with the rollout's temperature 1 and top_p 0.95: its published
+        # figures are sampled. Ours match that; set eval_temperature=0 for greedy evaluation.
+        eval_temperature=1.0,
+        eval_top_p=0.95,
+        eval_retrieval_k=3,  # train_grpo.sh: retriever.topk=3 in validation too
         micro_batch=0,  # rows per sampler call (0: the whole batch)
     )
     # (name, weight): names of jaxsearch/rl/rewards.py's registry, plus "evidence" (R-Search's evidence
@@ -82,24 +96,30 @@ def get_config() -> ml_collections.ConfigDict:
     # Chat models behind SOAR's fabrication judge and R-Search's evidence answerer; kind "" = none, openai
     # (an OpenAI-compatible server such as vLLM: base_url, model) or local (a checkpoint dir: path, tokenizer).
     chat = dict(kind="", base_url="", model="", path="", tokenizer="qwen", cache_len=4096, max_new_tokens=512)
+    chat.update(temperature=0.0, top_p=1.0)
     c.judge = dict(chat)
     c.evidence_model = dict(chat)
     c.algo = dict(
         advantage="grpo",  # grpo | dr_grpo | gae (PPO with a critic)
         policy_loss="ppo",
-        clip_eps=0.2,
+        clip_eps=0.2,  # ppo_trainer.yaml: actor.clip_ratio=0.2
         agg_mode="token-mean",
-        kl_coef=0.001,
-        kl_kind="low_var_kl",  # KL to the reference as a loss
+        kl_coef=0.001,  # train_grpo.sh: actor.kl_loss_coef=0.001
+        kl_kind="low_var_kl",  # KL to the reference as a loss (train_grpo.sh: use_kl_loss, low_var_kl)
         kl_in_reward=0.0,  # > 0: KL as a per-token reward penalty instead (PPO)
-        entropy_coef=0.0,
-        ppo_epochs=1,
-        mini_batches=2,  # Search-R1: ppo_mini_batch_size 256 of 512
-        micro_batches=16,  # gradient accumulation inside each mini-batch
+        entropy_coef=0.001,  # ppo_trainer.yaml: actor.entropy_coeff=0.001 (train_grpo.sh leaves it)
+        ppo_epochs=1,  # ppo_trainer.yaml: actor.ppo_epochs=1
+        # train_grpo.sh: ppo_mini_batch_size=256 trajectories; fsdp_workers.py multiplies it by rollout.n (1),
+        # not by n_agent (5), so a step's 512 x 5 = 2560 trajectories make 10 updates
+        mini_batches=10,
+        micro_batches=4,  # train_grpo.sh: ppo_micro_batch_size=64 -> 256 / 64 = 4 accumulation steps
         pad_multiple=0,  # > 0: update batches padded to a multiple of this, not to cache_len (a compile each)
         gamma=1.0,
         lam=1.0,
     )
+    # train_grpo.sh: actor.optim.lr=1e-6, lr_warmup_steps_ratio=0.285 (warmup int(0.285 * 1005) = 286 training
+    # steps: veRL's scheduler steps once per training step); ppo_trainer.yaml: warmup_style constant,
+    # grad_clip 1.0; fsdp_workers.py: AdamW betas (0.9, 0.999), weight_decay 1e-2
     c.optim = dict(lr=1e-6, warmup_ratio=0.285, schedule="constant", weight_decay=0.01, grad_clip=1.0)
     c.critic = dict(lr=1e-5, warmup_ratio=0.015, clip_eps=0.5)  # PPO only
     # A synthetic world under WORKDIR/world (size tiny | small; "" = none): it then provides the data,

@@ -10,5 +10,5 @@ from configs import eka_7b
 def get_config():
     c = eka_7b.get_config()
     c.model.update(dict(hf_path="checkpoints/Qwen2.5-14B-Instruct", preset="qwen2.5-14b"))
-    c.algo.micro_batches = 40  # 32-row micro-batches: divisible by 16 and 32 data-parallel devices
+    c.algo.micro_batches = 8  # 32-row micro-batches of the 256-row mini-batches: divisible by 16 and 32 devices
     return c

@@ -16,8 +16,8 @@ def get_config():
     c = base.get_config()
     c.model.hf_path = "checkpoints/Qwen2.5-7B"
     c.model.scan_layers = True  # each layer's fsdp-gathered weights live for one scan iteration
-    # 1280-row mini-batches in 20 micro-batches of 64 rows: divisible by 8, 16, 32 and 64 data-parallel devices
-    c.algo.micro_batches = 20
+    # base's 256-row mini-batches in 4 micro-batches of 64 rows (Search-R1's ppo_micro_batch_size): divisible
+    # by 8, 16, 32 and 64 data-parallel devices
     # the rollout decodes 512 of the 2560 rows at a time: a 120 GB KV cache in all instead of 601 GB
     c.rollout.micro_batch = 512
     c.protocol.name = "search_r1"

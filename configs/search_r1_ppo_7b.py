@@ -9,7 +9,9 @@ from configs import search_r1_7b
 
 def get_config():
     c = search_r1_7b.get_config()
+    # train_ppo.sh: algorithm.kl_ctrl.kl_coef=0.001 (in the reward), no KL loss; ppo_trainer.yaml gamma = lam = 1
     c.algo.update(dict(advantage="gae", kl_coef=0.0, kl_in_reward=0.001, gamma=1.0, lam=1.0))
-    c.data.group_size = 1
-    c.algo.micro_batches = 8
+    c.data.group_size = 1  # train_ppo.sh: rollout.n_agent=1
+    # train_ppo.sh: ppo_mini_batch_size=256 of train_batch_size=512 -> 2 updates per step; ppo_micro_batch_size=64
+    c.algo.update(dict(mini_batches=2, micro_batches=4))
     return c

@@ -45,6 +45,7 @@ def get_config():
             cache_len=512,
             temperature=1.0,
             eval_retrieval_k=1,  # as in training and in the SFT traces
+            eval_temperature=0.0,  # held-out figures are greedy
         )
     )
     # SFT on every training question's ideal trace, with a verbose answer in half of the draws; max_len holds

@@ -1,6 +1,6 @@
 """EKA (seed 000) on the tiny world: P0, the top passage for the raw question, in `<knowledge>` before the first
-think; F1 reward as in configs/eka_7b.py. Search-R1's tags (the SFT traces are written in them; eka_7b uses
-Graph-R1's); P0 has retrieval_k passages, as in the SFT traces.
+think; in the Search-R1 setting as configs/eka_7b.py: Search-R1's tags and the backbone's reward (tiny_cpu's EM);
+P0 has retrieval_k passages, as in the SFT traces.
 
     python launch/train.py --config configs/tiny_cpu_eka.py
 """
@@ -12,5 +12,4 @@ def get_config():
     c = tiny_cpu.get_config()
     c.protocol.update(dict(name="eka", tags="search_r1"))
     c.rollout.initial_k = c.rollout.retrieval_k
-    c.reward.terms = (("f1", 1.0),)
     return c

@@ -12,6 +12,6 @@ from configs import tiny_cpu
 def get_config():
     c = tiny_cpu.get_config()
     c.protocol.name = "rsearch"
-    c.reward.terms = (("f1", 1.0), ("evidence", 1.0), ("rsearch_format", 1.0))
+    c.reward.terms = (("rsearch_f1", 1.0), ("evidence", 1.0), ("rsearch_format", 1.0))
     c.evidence_model.kind = "world"
     return c

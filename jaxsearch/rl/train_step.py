@@ -54,6 +54,31 @@ class TrainState:
     skipped: jax.Array  # int32 scalar: updates skipped for a non-finite loss or gradient
 
 
+def learning_rate_schedule(
+    learning_rate: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    updates_per_step: int = 1,
+) -> optax.Schedule:
+    """optimizer update count -> learning rate: linear warmup from 0, then constant or cosine decay.
+
+    `total_steps` and `warmup_steps` count training steps; each makes `updates_per_step` optimizer updates
+    (mini-batches x epochs), all at that step's learning rate: veRL steps its lr scheduler once per training
+    step (`fsdp_workers.update_actor`), whatever the number of mini-batches.
+    """
+    if schedule == "constant":
+        decay = optax.constant_schedule(learning_rate)
+    elif schedule == "cosine":
+        decay = optax.cosine_decay_schedule(learning_rate, max(total_steps - warmup_steps, 1))
+    else:
+        raise ValueError(f"schedule={schedule!r}: expected 'constant' or 'cosine'")
+    per_step = optax.join_schedules(
+        [optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps]
+    )
+    return per_step if updates_per_step == 1 else (lambda count: per_step(count // updates_per_step))
+
+
 def make_optimizer(
     learning_rate: float,
     total_steps: int,
@@ -63,17 +88,10 @@ def make_optimizer(
     grad_clip: float = 1.0,
     b1: float = 0.9,
     b2: float = 0.999,
+    updates_per_step: int = 1,
 ) -> optax.GradientTransformation:
-    """AdamW with linear warmup, then constant or cosine decay, after global-norm clipping."""
-    if schedule == "constant":
-        decay = optax.constant_schedule(learning_rate)
-    elif schedule == "cosine":
-        decay = optax.cosine_decay_schedule(learning_rate, max(total_steps - warmup_steps, 1))
-    else:
-        raise ValueError(f"schedule={schedule!r}: expected 'constant' or 'cosine'")
-    lr = optax.join_schedules(
-        [optax.linear_schedule(0.0, learning_rate, warmup_steps), decay], [warmup_steps]
-    )
+    """AdamW at `learning_rate_schedule(...)` after global-norm clipping."""
+    lr = learning_rate_schedule(learning_rate, total_steps, warmup_steps, schedule, updates_per_step)
     return optax.chain(
         optax.clip_by_global_norm(grad_clip), optax.adamw(lr, b1, b2, weight_decay=weight_decay)
     )

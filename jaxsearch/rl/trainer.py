@@ -140,16 +140,29 @@ def chat_model(mcfg):
     raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai', 'local' or 'world'")
 
 
+def chat_judge(cfg) -> judge_lib.ChatJudge:
+    """SOAR's judge (fabrication, and source consistency by a judge) from config.judge."""
+    j = cfg.judge
+    return judge_lib.ChatJudge(chat_model(j), max_tokens=j.max_new_tokens, temperature=j.temperature)
+
+
 def build_reward_fn(cfg) -> rewards_lib.WeightedSum:
     """config.reward.terms -> one reward function, its terms named as in the config. Names come from
-    `rewards.REWARDS`, plus `evidence` (R-Search, needs config.evidence_model) and `grounded` (SOAR's
-    judge, needs config.judge)."""
+    `rewards.REWARDS`, plus the model-backed `evidence` (R-Search, needs config.evidence_model),
+    `grounded` (SOAR's fabrication judge) and `source_consistency_judge` (SOAR's Table 7 check by a judge;
+    both need config.judge)."""
     terms = []
     for name, weight in cfg.reward.terms:
         if name == "evidence":
-            fn = rewards_lib.evidence_reward(judge_lib.ChatEvidenceAnswerer(chat_model(cfg.evidence_model)))
+            e = cfg.evidence_model
+            answerer = judge_lib.ChatEvidenceAnswerer(
+                chat_model(e), max_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p
+            )
+            fn = rewards_lib.evidence_reward(answerer)
         elif name == "grounded":
-            fn = rewards_lib.fabrication_reward(judge_lib.ChatJudge(chat_model(cfg.judge)))
+            fn = rewards_lib.fabrication_reward(chat_judge(cfg))
+        elif name == "source_consistency_judge":
+            fn = rewards_lib.source_consistency_judge_reward(chat_judge(cfg))
         else:
             fn = rewards_lib.get_reward(name)
         terms.append((name, fn, float(weight)))
@@ -185,9 +198,9 @@ def make_setup(cfg, mesh, config) -> Setup:
     )
     r = cfg.rollout
 
-    def sampler(temperature):
+    def sampler(temperature, top_p):
         sampling = sampler_lib.SamplingParams(
-            temperature, r.top_p if temperature else 1.0, r.top_k if temperature else 0
+            temperature, top_p if temperature else 1.0, r.top_k if temperature else 0
         )
         return sampler_lib.Sampler(
             config,
@@ -208,7 +221,8 @@ def make_setup(cfg, mesh, config) -> Setup:
         internal_k=r.internal_k,
     )
     eval_sets = {
-        name: qa.load_examples(path)[: cfg.data.eval_examples] for name, path in cfg.data.eval.items()
+        name: qa.eval_subset(qa.load_examples(path), cfg.data.eval_examples, cfg.data.eval_sample, cfg.data.eval_seed)
+        for name, path in cfg.data.eval.items()
     }
     return Setup(
         cfg,
@@ -217,11 +231,11 @@ def make_setup(cfg, mesh, config) -> Setup:
         retriever,
         initial,
         build_reward_fn(cfg),
-        sampler(r.temperature),
-        sampler(r.eval_temperature),
+        sampler(r.temperature, r.top_p),
+        sampler(r.eval_temperature, r.eval_top_p),
         ep,
         eval_sets,
-        judge_lib.ChatJudge(chat_model(cfg.judge)) if cfg.judge.kind else None,
+        chat_judge(cfg) if cfg.judge.kind else None,
     )
 
 
@@ -274,14 +288,18 @@ def concat_trajectories(parts: list[episode.Trajectories]) -> episode.Trajectori
 
 
 def reward_inputs(traj: episode.Trajectories, examples: list[qa.QAExample]) -> list[rewards_lib.RewardInput]:
-    out = []
-    for i, ex in enumerate(examples):
-        internal = "\n".join(traj.internal_knowledge[i])
-        external = "\n".join(traj.observations[i])
-        out.append(
-            rewards_lib.RewardInput(traj.responses[i], ex.golden_answers, ex.question, internal, external)
+    """The rewards' view of each row: SOAR's internal facts and retrieved passages as separate streams."""
+    return [
+        rewards_lib.RewardInput(
+            traj.responses[i],
+            ex.golden_answers,
+            ex.question,
+            internal_knowledge="\n".join(traj.internal_knowledge[i]),
+            external_knowledge="\n".join(traj.retrieved[i]),
+            external_response=traj.external_responses[i],
         )
-    return out
+        for i, ex in enumerate(examples)
+    ]
 
 
 def pad_to(x: np.ndarray, width: int) -> np.ndarray:
@@ -418,7 +436,8 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     ppo = cfg.algo.advantage == "gae"
 
     # --- state: policy (+ critic for PPO), restored from the last checkpoint if there is one
-    warmup = lambda ratio: int(ratio * cfg.total_steps)
+    warmup = lambda ratio: int(ratio * cfg.total_steps)  # veRL: int(lr_warmup_steps_ratio * total steps)
+    updates_per_step = cfg.algo.mini_batches * cfg.algo.ppo_epochs
     optimizer = ts.make_optimizer(
         cfg.optim.lr,
         cfg.total_steps,
@@ -426,6 +445,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         cfg.optim.schedule,
         cfg.optim.weight_decay,
         cfg.optim.grad_clip,
+        updates_per_step=updates_per_step,
     )
     state = {"policy": ts.init_state(params, optimizer, mesh)}
     if ppo:  # veRL initialises the critic from the policy
@@ -436,6 +456,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
             "constant",
             cfg.optim.weight_decay,
             cfg.optim.grad_clip,
+            updates_per_step=updates_per_step,
         )
         critic_params = ts.init_critic(config, params, jax.random.PRNGKey(cfg.seed + 1))
         state["critic"] = ts.init_state(critic_params, critic_opt, mesh)
