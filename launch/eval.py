@@ -43,7 +43,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default="qwen", help="qwen, or a word tokenizer JSON (synthetic world)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="params and compute")
     p.add_argument("--datasets", nargs="+", required=True, metavar="NAME=PATH", help="QA files to evaluate")
-    p.add_argument("--limit", type=int, default=0, help="first N examples of each dataset (0: all)")
+    p.add_argument("--limit", type=int, default=0, help="N examples of each dataset (0: all; see --sample)")
+    p.add_argument(
+        "--sample",
+        default="first",
+        choices=["first", "random"],
+        help="with --limit: the first N, or N drawn at random with --sample-seed (R-Search: random 500, seed 44)",
+    )
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample random")
     p.add_argument("--out", required=True, help="output directory (reused on rerun)")
     p.add_argument("--batch-size", type=int, default=64, help="episodes per sampler call")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
@@ -74,7 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
     g.add_argument("--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages")
     g = p.add_argument_group("metrics")
-    g.add_argument("--rs-encoder", default="minilm", help="R-S sentence encoder (minilm | e5 | model | none)")
+    g.add_argument(
+        "--rs-encoder",
+        default="simcse",
+        help="R-S sentence encoder: simcse (sup-simcse-roberta-large, as EKA / Graph-R1) | minilm (offline) | "
+        "e5 | model | none",
+    )
     g.add_argument("--judge-url", default="", help="OpenAI-compatible server of the fabrication judge")
     g.add_argument("--judge-model", default="", help="the judge's model name")
     args = p.parse_args(argv)
@@ -123,6 +135,8 @@ def settings(args) -> dict:
         out["eka_tags"] = out["initial_k"] = None
     if args.builtin_prompt:  # recorded only when set: run.json files written before the option still match
         out["builtin_prompt"] = True
+    if args.sample == "random":  # likewise
+        out["sample"], out["sample_seed"] = args.sample, args.sample_seed
     return out
 
 
@@ -157,7 +171,7 @@ def make_config(args):
             max_obs_tokens=args.max_obs_tokens,
             cache_len=args.cache_len,
             eval_temperature=args.temperature,
-            top_p=args.top_p,
+            eval_top_p=args.top_p,
             micro_batch=0,
         )
     )
@@ -173,7 +187,7 @@ def main(argv=None) -> int:
     progress = not args.no_progress
     try:  # every input error below is a ValueError (QADataError, EvalError, CorpusError) or a missing file
         checkpoint_kind(args.checkpoint)
-        datasets = load_datasets(args.datasets, args.limit)  # before the heavy imports: bad input fails fast
+        datasets = load_datasets(args.datasets, args.limit, args.sample, args.sample_seed)  # before the heavy imports: bad input fails fast
         from jaxsearch.eval import evaluate as ev
 
         ev.claim_out_dir(args.out, settings(args), args.datasets)
@@ -187,16 +201,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def load_datasets(paths: dict[str, str], limit: int) -> dict:
-    """name -> the first `limit` (0: all) examples of its QA file; (data_source, id) must be unique (records
-    are keyed by it)."""
+def load_datasets(paths: dict[str, str], limit: int, sample: str = "first", seed: int = 0) -> dict:
+    """name -> `limit` (0: all) examples of its QA file (`qa.eval_subset`); (data_source, id) must be unique
+    (records are keyed by it)."""
     import collections
 
     from jaxsearch.data import qa
 
     datasets = {}
     for name, path in paths.items():
-        datasets[name] = qa.load_examples(path)[: limit or None]
+        datasets[name] = qa.eval_subset(qa.load_examples(path), limit, sample, seed)
         counts = collections.Counter(ex.key for ex in datasets[name])
         repeated = [key for key, n in counts.items() if n > 1]
         if repeated:

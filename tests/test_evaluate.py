@@ -18,7 +18,7 @@ import pytest
 from jaxsearch import checkpoint, parallel
 from jaxsearch.data import qa
 from jaxsearch.eval import evaluate as ev
-from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, sub_exact_match
+from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, normalize_answer, sub_exact_match
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
 from jaxsearch.rollout import segments
 
@@ -61,7 +61,7 @@ def common_args(tiny):
         "--checkpoint", d / "ckpt", "--tokenizer", d / "tokenizer.json", "--dtype", "float32",
         "--retriever", "bm25", "--corpus", tiny["corpus"], "--topk", 1, "--max-turns", 4,
         "--max-segment-tokens", 48, "--max-obs-tokens", 150, "--cache-len", 768, "--batch-size", 8,
-        "--no-progress",
+        "--no-progress", "--rs-encoder", "minilm",
     ]  # fmt: skip
 
 
@@ -155,13 +155,14 @@ def test_outputs_and_metrics_recomputed_from_the_jsonl(tiny, run, minilm):
     records = read_jsonl(out / "tiny.jsonl")
     examples = {e.id: e for e in qa.load_examples(tiny["dir"] / "test.jsonl")}
     rs = []
-    for r in records:
-        gold = "\n".join(contents[i] for i in examples[r["id"]].supporting_ids)
+    for r in records:  # both sides SQuAD-normalized as EKA's eval_r.py; nothing retrieved scores 0 (rsim.py)
+        gold = normalize_answer("\n".join(contents[i] for i in examples[r["id"]].supporting_ids))
         retrieved = "\n".join(dict.fromkeys(contents[i] for ids in r["doc_ids"] for i in ids))
         if not retrieved:
-            assert r["metrics"]["rs"] is None
+            rs.append(0.0)
+            assert r["metrics"]["rs"] == 0.0
             continue
-        a, b = minilm.encode_passages([gold, retrieved]).astype(np.float64)
+        a, b = minilm.encode_passages([gold, normalize_answer(retrieved)]).astype(np.float64)
         rs.append(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
         assert r["metrics"]["rs"] == pytest.approx(rs[-1], abs=1e-5)
     assert summary["datasets"]["tiny"]["rs"] == pytest.approx(np.mean(rs), abs=1e-5)
@@ -237,21 +238,23 @@ def test_a_corrupt_record_line_is_an_error_naming_it(tmp_path):
 
 def test_retrieval_similarity_hand_case(minilm):
     class Table:  # hand vectors per text
-        vectors = {"g1\ng2": [3.0, 4.0], "r1": [4.0, 3.0], "same": [1.0, 0.0]}
+        vectors = {"g1 g2": [3.0, 4.0], "r1": [4.0, 3.0], "same": [1.0, 0.0]}  # normalized texts
 
         def encode_passages(self, texts):
             return np.array([self.vectors[t] for t in texts])
 
     rs = RetrievalSimilarity(Table())
-    assert rs([["g1", "g2"], ["same"], [], ["g1"]], [["r1"], ["same"], ["r1"], []]) == [
+    assert rs([["G1.", "the g2"], ["Same!"], [], ["g1"]], [["r1"], ["same"], ["r1"], []]) == [
         pytest.approx(24 / 25),
         pytest.approx(1.0),
-        None,
-        None,
+        None,  # no gold passages
+        0.0,  # nothing retrieved
     ]
     gold = ["Padan Truteim was born in Draifaitheth.", "Feirum Night was directed by Padan Truteim."]
     retrieved = ["The birthplace of Padan Truteim is Draifaitheth.", "Draifaitheth lies in Zapousland."]
-    a, b = minilm.encode_passages(["\n".join(gold), "\n".join(retrieved)]).astype(np.float64)
+    norm = "padan truteim was born in draifaitheth feirum night was directed by padan truteim"
+    assert normalize_answer("\n".join(gold)) == norm
+    a, b = minilm.encode_passages([norm, normalize_answer("\n".join(retrieved))]).astype(np.float64)
     (score,) = RetrievalSimilarity(minilm)([gold], [retrieved])
     assert score == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), abs=1e-6)
 
@@ -272,6 +275,8 @@ def test_summarize_hand_case():
     assert s["n"] == 3 and s["em"] == pytest.approx(1 / 3) and s["finish_ratio"] == pytest.approx(2 / 3)
     assert s["rs"] == pytest.approx(0.375) and s["rs_n"] == 2
     assert s["fabrication_rate"] == pytest.approx(0.5) and s["fabrication_n"] == 2
+    # SOAR's Table 4 split: the EM-1 record fabricated, the judged EM-0 one did not
+    assert s["fabrication_rate/correct"] == 1.0 and s["fabrication_rate/wrong"] == 0.0
     assert s["entropy"] == pytest.approx((1 + 2 + 1 + 3 + 4) / 5)
     assert s["entropy/think"] == pytest.approx((1 + 1 + 3 + 4) / 4)
     assert s["entropy/answer"] == pytest.approx(2.0)
@@ -301,10 +306,11 @@ def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
             return self.inner.search(queries, k)
 
     class Judge:  # grounded unless the question asks about a birthplace; unparseable for "spouse"
-        def judge(self, prompts):
+        def judge(self, conversations):
             verdicts = []
-            for p in prompts:
-                question = p.split("Question: ")[-1].split("\n")[0]
+            for system, user in conversations:
+                assert system["role"] == "system" and user["role"] == "user"
+                question = user["content"].split("Question: ")[-1].split("\n")[0]
                 if "spouse" in question:
                     verdicts.append("no idea")
                 else:
@@ -445,3 +451,47 @@ def test_duplicate_data_source_and_id_is_refused(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(qa.QADataError, match="duplicate example id 'test_0' in data_source 'nq'"):
         launch.load_datasets({"dup": str(path)}, 0)
+
+
+def test_pooler_encoder_is_simcse_embedding(tmp_path):
+    """The simcse preset's pooling: a RoBERTa's pooler_output (CLS through dense + tanh) of at most 128 tokens,
+    unit length (EKA's simcse/tool.py); checked on a tiny random RoBERTa against transformers directly."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaModel
+
+    from jaxsearch.retrieval.encoders import PRESETS, Encoder
+
+    assert PRESETS["simcse"].model == "princeton-nlp/sup-simcse-roberta-large"
+    assert (PRESETS["simcse"].pooling, PRESETS["simcse"].max_length) == ("pooler", 128)
+    words = ["<s>", "</s>", "<pad>", "<unk>"] + "padan was born in draifaitheth the river".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    torch.manual_seed(0)
+    config = RobertaConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=160, pad_token_id=2)  # fmt: skip
+    RobertaModel(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    texts = ["padan was born in draifaitheth", "the river " * 100, "padan"]
+    got = Encoder({"model": str(tmp_path), "pooling": "pooler", "max_length": 128}).encode_passages(texts)
+    model = RobertaModel.from_pretrained(tmp_path).eval()
+    for text, row in zip(texts, got):
+        ids = tok(text, truncation=True, max_length=128, return_tensors="pt")
+        with torch.no_grad():
+            ref = model(**ids).pooler_output[0].numpy()
+        np.testing.assert_allclose(row, ref / np.linalg.norm(ref), atol=1e-5)
+
+
+def test_eval_subset():
+    examples = [qa.QAExample(id=str(i), question=f"q{i}?", golden_answers=["a"]) for i in range(10)]
+    assert [e.id for e in qa.eval_subset(examples, 3)] == ["0", "1", "2"]
+    assert qa.eval_subset(examples, 0) == examples and qa.eval_subset(examples, 50, "random", 44) == examples
+    drawn = qa.eval_subset(examples, 4, "random", 44)
+    expected = sorted(np.random.default_rng(44).choice(10, size=4, replace=False))
+    assert [e.id for e in drawn] == [str(i) for i in expected]  # file order kept
+    assert drawn == qa.eval_subset(examples, 4, "random", 44) and drawn != qa.eval_subset(examples, 4, "random", 1)
+    with pytest.raises(ValueError, match="eval sample 'all'"):
+        qa.eval_subset(examples, 4, "all")

@@ -387,3 +387,17 @@ class QAIterator:
             raise ValueError(f"iterator state position out of range: {state}")
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self.epoch)
+
+
+def eval_subset(examples: list[QAExample], n: int, sample: str = "first", seed: int = 0) -> list[QAExample]:
+    """`n` examples (0 or more than there are: all) for evaluation: the first n in file order, or (sample
+    "random") n drawn without replacement with `seed`, kept in file order. R-Search evaluates a random 500
+    per dataset and all of a smaller one (Bamboogle's 125; seed 002 §A.1)."""
+    if sample not in ("first", "random"):
+        raise ValueError(f"eval sample {sample!r}: expected 'first' or 'random'")
+    if not n or n >= len(examples):
+        return list(examples)
+    if sample == "first":
+        return list(examples[:n])
+    rows = np.random.default_rng(seed).choice(len(examples), size=n, replace=False)
+    return [examples[i] for i in sorted(rows)]

@@ -31,10 +31,13 @@ Metrics per example (`record["metrics"]`):
     rs              R-S (`retrieval_similarity`): the gold passages (`supporting_ids` looked up in
                     `gold_corpus`) against every distinct retrieved passage (P0 as for recall); None without
                     supporting ids, without retrieved passages, or without gold_corpus / rs_encoder
-    fabrication     SOAR's judge (`setup.judge`): 1 fabricated, 0 grounded; None unparseable or no judge
+    fabrication     SOAR's judge (`setup.judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
+                    or no judge
 
 Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, rs and
-fabrication_rate over their non-None values (None if there are none, with rs_n / fabrication_n counted), and
+fabrication_rate over their non-None values (None if there are none, with rs_n / fabrication_n counted), the
+fabrication rate among answer-correct (EM 1) and answer-wrong examples (SOAR's Table 4: fabrication_rate/correct,
+fabrication_rate/wrong), and
 the entropy of the policy's tokens, overall and per segment type (`entropy/think`, ...), token-weighted. The
 average row is the mean over datasets of each metric (skipping None) and the total n.
 """
@@ -71,6 +74,8 @@ TABLE_COLUMNS = (  # (summary key, header)
     ("turns", "turns"),
     ("searches", "searches"),
     ("fabrication_rate", "fabrication"),
+    ("fabrication_rate/correct", "fabrication (EM 1)"),
+    ("fabrication_rate/wrong", "fabrication (EM 0)"),
     ("entropy", "entropy"),
 )
 
@@ -311,6 +316,13 @@ def summarize(records: Sequence[dict]) -> dict:
         values = [r["metrics"][key] for r in records if r["metrics"].get(key) is not None]
         out[name] = float(np.mean(values)) if values else None
         out[f"{key}_n"] = len(values)
+    for group, correct in (("correct", True), ("wrong", False)):  # SOAR's Table 4: by the answer's EM
+        values = [
+            r["metrics"]["fabrication"]
+            for r in records
+            if r["metrics"].get("fabrication") is not None and (r["metrics"]["em"] == 1.0) == correct
+        ]
+        out[f"fabrication_rate/{group}"] = float(np.mean(values)) if values else None
     policy = [
         (np.asarray(r["entropy"]), np.asarray(r["segment_ids"]), np.asarray(r["loss_mask"]) == 1)
         for r in records
