@@ -239,3 +239,19 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
                 protocol.format_internal_facts(protocol.parse_internal_facts(g, 3)) for g in generated
             }
             assert facts in expected
+        # the two streams apart: per search, the retrieved passages (E_ext) as Search-R1 prints them, and the
+        # response the judge sees, where each observation holds those passages only
+        assert len(traj.retrieved[b]) == len(traj.doc_ids[b]) == len(traj.internal_knowledge[b])
+        external = traj.responses[b]
+        for obs, ids, passages in zip(observations, traj.doc_ids[b], traj.retrieved[b]):
+            lines = [retriever.corpus.get(i).contents.split("\n") for i in ids]  # _passages2string's split
+            assert passages == "".join(f"Doc {j}(Title: {c[0]}) {chr(10).join(c[1:])}\n" for j, c in enumerate(lines, 1)).strip()
+            external = external.replace(obs, f"\n\n<information>{passages}</information>\n\n", 1)
+        assert traj.external_responses[b] == external and "Internal information:" not in external
+    # what the rewards see: E_int and E_ext as separate streams, the judge's view without E_int
+    from jaxsearch.rl.trainer import reward_inputs
+
+    for b, sample in enumerate(reward_inputs(traj, world.questions["test"][:4])):
+        assert sample.external_knowledge == "\n".join(traj.retrieved[b])
+        assert sample.internal_knowledge == "\n".join(traj.internal_knowledge[b])
+        assert sample.external_response == traj.external_responses[b] and sample.response == traj.responses[b]
