@@ -120,6 +120,33 @@ def test_sft_dataset_carries_the_early_stop_mistake_of_chain_questions(world, sf
             assert b.mistake is None
 
 
+def test_p0_trace_skips_the_leading_searches_that_p0_holds(world, sft_inputs):
+    """EKA's mechanism in SFT (sft.use_p0): the ideal trace does not search for what P0 already shows."""
+    from jaxsearch.data.sft import p0_trace
+    from jaxsearch.data.synthetic import Step, solution_trace
+
+    a, b, c = (Step("search", f"q{i}", passage_id=f"p{i}") for i in range(3))
+    answer = Step("answer", "x")
+    assert p0_trace([a, b, c, answer], {"p0"}) == [b, c, answer]
+    assert p0_trace([a, b, c, answer], {"p0", "p1", "p2"}) == [answer]  # P0 answers it: no search
+    assert p0_trace([a, b, c, answer], {"p1"}) == [a, b, c, answer]  # only a leading run is skipped
+    tokenizer, retriever = sft_inputs
+    args = (world, "train", "eka", tokenizer, retriever, 1, 10_000)
+    plain, with_p0 = sft_dataset(*args, questions=12), sft_dataset(*args, questions=12, use_p0=True)
+    p0 = retriever.search([q.question for q in world.questions["train"][:12]], 1)
+    skipped = 0
+    for question, docs, x, y in zip(world.questions["train"], p0, plain, with_p0):
+        assert x.ids[: x.prompt_len] == y.ids[: y.prompt_len]  # the same prompt, P0 included
+        searches = [s for s in solution_trace(question, world) if s.action == "search"]
+        lead = searches[0].passage_id == docs[0].id and len(searches) > 0
+        n_x, n_y = (tokenizer.decode(e.ids[e.prompt_len :]).count("</search>") for e in (x, y))
+        assert n_y == n_x - lead
+        skipped += lead
+    assert skipped > 0
+    with pytest.raises(ValueError, match="use_p0 is EKA's"):
+        sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000, questions=2, use_p0=True)
+
+
 def test_sft_dataset_verbose_answer_mistake_differs_only_in_the_answer_tag(world, sft_inputs):
     from jaxsearch.eval.metrics import exact_match, f1_score
     from jaxsearch.rl.rewards import extract_answer

@@ -171,6 +171,16 @@ def sft_trajectory(
     return SFTExample(ids, mask, len(prompt))
 
 
+def p0_trace(trace: Sequence[Step], p0_ids: set[str]) -> list[Step]:
+    """EKA's mechanism in a trace: the leading searches whose passage is already in P0 (`p0_ids`) are left out,
+    so the trace reads them from the prompt and searches only for what P0 lacks (a question P0 answers
+    outright is answered without a search)."""
+    skip = 0
+    while skip < len(trace) - 1 and trace[skip].passage_id in p0_ids:
+        skip += 1
+    return list(trace[skip:])
+
+
 def early_stop_trace(trace: Sequence[Step]) -> list[Step]:
     """The mistake of an agent that stops searching too early: the first search of `trace`, then an answer with
     what that search found (the first hop's entity, not the question's answer)."""
@@ -199,6 +209,7 @@ def sft_dataset(
     truncate: bool = False,
     mistake: str = "",
     questions: int = 0,
+    use_p0: bool = False,
 ) -> list[SFTExample]:
     """The SFT trajectories of a split's questions, in split order. One longer than `max_len` is left out, or
     with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, without its EOS).
@@ -211,15 +222,19 @@ def sft_dataset(
     `(i + 1 + default_rng([i]).integers(n - 1)) % n`'s); "verbose_answer": every question's ideal trace with
     a sentence in the answer tag ("The answer is X.", which exact match scores 0; `policy_segments`).
     `questions`: only the split's first N questions (0: all).
+    `use_p0` (EKA): the ideal trace reads what P0 already holds instead of searching for it (`p0_trace`).
     """
     if mistake not in ("", *MISTAKES):
         raise ValueError(f"unknown SFT mistake {mistake!r}; known: {MISTAKES}")
     protocol = get_protocol(protocol_name)
     examples = world.questions[split][: questions or None]
     contexts = protocol.initial_context([e.question for e in examples], retriever, k)
+    if use_p0 and protocol.name != "eka":
+        raise ValueError(f"use_p0 is EKA's (P0), not {protocol_name!r}'s")
+    p0 = retriever.search([e.question for e in examples], k) if use_p0 else [[]] * len(examples)
     out = []
     for i, (example, context) in enumerate(zip(examples, contexts)):
-        trace = solution_trace(example, world)
+        trace = p0_trace(solution_trace(example, world), {d.id for d in p0[i]})
         sft = _fit(
             sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context), max_len, truncate
         )

@@ -107,6 +107,7 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         truncate=cfg.sft.truncate,
         mistake=cfg.sft.mistake,
         questions=cfg.sft.questions,
+        use_p0=cfg.sft.use_p0,
     )
     batches = sft_data.sft_batches(
         examples,
