@@ -1,6 +1,6 @@
 """Chat-model backends for model-backed rewards: R-Search's evidence answerer and SOAR's judge (host side).
 
-One small interface, `ChatModel.chat(batch, max_tokens, temperature) -> list[str]` (one reply per
+One small interface, `ChatModel.chat(batch, max_tokens, temperature, top_p) -> list[str]` (one reply per
 conversation of OpenAI-style `{"role", "content"}` messages), with two backends:
 
     OpenAIChatModel(base_url, model)      an OpenAI-compatible /v1/chat/completions server (vLLM, sglang):
@@ -14,9 +14,9 @@ and the adapters the rewards take (`jaxsearch.rl.rewards`):
     ChatJudge(chat_model)                 implements `Judge` (SOAR's evidence-fabrication judge)
     ChatEvidenceAnswerer(chat_model)      implements `EvidenceAnswerer` with R-Search's evidence prompt
 
-Source: R-Search (seed 002; QingFei1/R-Search `scripts/evidence.yaml`, `reward_score/qa_f1.py`): the
+Source: R-Search (seed 002; QingFei1/R-Search `scripts/evidence.yaml`, `reward_score/qa_f1.py` call_llm): the
 frozen answerer (Llama-3.2-3B-Instruct behind vLLM) gets one user message with the prompt below,
-max_tokens 512, temperature 0.1, and its whole reply is the answer scored by F1.
+max_tokens 512, temperature 0.1, top_p 0.9, and its whole reply is the answer scored by F1.
 """
 
 from __future__ import annotations
