@@ -12,6 +12,8 @@ def get_config():
     # train_ppo.sh: algorithm.kl_ctrl.kl_coef=0.001 (in the reward), no KL loss; ppo_trainer.yaml gamma = lam = 1
     c.algo.update(dict(advantage="gae", kl_coef=0.0, kl_in_reward=0.001, gamma=1.0, lam=1.0))
     c.data.group_size = 1  # train_ppo.sh: rollout.n_agent=1
-    # train_ppo.sh: ppo_mini_batch_size=256 of train_batch_size=512 -> 2 updates per step; ppo_micro_batch_size=64
-    c.algo.update(dict(mini_batches=2, micro_batches=4))
+    # train_ppo.sh: ppo_mini_batch_size=256 of train_batch_size=512 -> 2 updates per step. Gradient accumulation
+    # is sized for memory, not copied: 8 micro-batches of 32 rows (the plan in README's table) where Search-R1
+    # accumulates 4 of 64 (ppo_micro_batch_size=64); the update is the same
+    c.algo.update(dict(mini_batches=2, micro_batches=8))
     return c
