@@ -132,7 +132,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False)
     c.sft.update(dict(mistake="", mistake_share=0.0, questions=0))
     c.sft.pad_multiple = 0  # > 0: batches padded to their longest example rounded up to this, not max_len
-    c.sft.use_p0 = False  # EKA: ideal traces read from P0 what it holds instead of searching (data/sft.p0_trace)
+    c.sft.use_p0 = (
+        False  # EKA: ideal traces read from P0 what it holds instead of searching (data/sft.p0_trace)
+    )
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.distributed = dict(coordinator="", num_processes=0, process_id=-1)  # empty: from the environment
     c.lock()

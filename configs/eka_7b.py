@@ -13,7 +13,9 @@ from configs import search_r1_7b
 
 
 def get_config():
-    c = search_r1_7b.get_config()  # Search-R1's data (NQ + HotpotQA), e5 retriever, EM reward, hyperparameters
+    c = (
+        search_r1_7b.get_config()
+    )  # Search-R1's data (NQ + HotpotQA), e5 retriever, EM reward, hyperparameters
     c.model.hf_path = "checkpoints/Qwen2.5-7B-Instruct"  # EKA's backbones are the Instruct models (§4.1)
     c.protocol.update(dict(name="eka", tags="search_r1"))
     # The paper gives no k for the Search-R1 setting; the EKA code builds P0 from the top 5

@@ -39,7 +39,11 @@ def get_config():
     # §A.1: 500 test questions per dataset (single-hop ones sampled at random), all 125 of Bamboogle; the seed is
     # src/eval/main.py's seed_everything(44) (the authors ship their samples; ours are drawn with it)
     c.data.update(dict(eval_examples=500, eval_sample="random", eval_seed=44))
-    c.reward.terms = (("rsearch_f1", 1.0), ("evidence", 1.0), ("rsearch_format", 1.0))  # qa_f1.py: sum of the three
+    c.reward.terms = (
+        ("rsearch_f1", 1.0),
+        ("evidence", 1.0),
+        ("rsearch_format", 1.0),
+    )  # qa_f1.py: sum of the three
     # scripts/evidence.yaml: LOCAL_MODEL Llama-3.2-3B-Instruct (§4.2), served by evidence_server.sh on port 8004;
     # qa_f1.py call_llm: max_tokens 512, temperature 0.1, top_p 0.9
     c.evidence_model.update(

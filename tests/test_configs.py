@@ -86,7 +86,11 @@ RSEARCH = [
     ("evidence_model.temperature", 0.1, "qa_f1.py call_llm"),
     ("evidence_model.top_p", 0.9, "qa_f1.py call_llm"),
     ("evidence_model.max_new_tokens", 512, "qa_f1.py call_llm max_tokens"),
-    ("reward.terms", (("rsearch_f1", 1.0), ("evidence", 1.0), ("rsearch_format", 1.0)), "qa_f1.py compute_score_f1"),
+    (
+        "reward.terms",
+        (("rsearch_f1", 1.0), ("evidence", 1.0), ("rsearch_format", 1.0)),
+        "qa_f1.py compute_score_f1",
+    ),
 ]
 
 
@@ -119,13 +123,22 @@ def test_method_specific_values():
     from configs import eka_7b, eka_ppo_7b, search_r1_ppo_7b, soar_7b
 
     eka = eka_7b.get_config()
-    assert (eka.protocol.name, eka.protocol.tags, eka.rollout.initial_k) == ("eka", "search_r1", 5)  # get_knowledge.py
+    assert (eka.protocol.name, eka.protocol.tags, eka.rollout.initial_k) == (
+        "eka",
+        "search_r1",
+        5,
+    )  # get_knowledge.py
     assert eka.data.train == "data/nq_hotpotqa_train/train.parquet"  # Search-R1's training data (D.4)
     soar = soar_7b.get_config()
     assert tuple(map(tuple, soar.reward.terms)) == (("em", 1.0), ("source_consistency", 0.2))
     ppo = search_r1_ppo_7b.get_config()
     # train_ppo.sh: n_agent 1, ppo_mini_batch_size 256 of 512 -> 2 updates, KL 0.001 in the reward
-    assert (ppo.data.group_size, ppo.algo.mini_batches, ppo.algo.kl_in_reward, ppo.algo.kl_coef) == (1, 2, 0.001, 0.0)
+    assert (ppo.data.group_size, ppo.algo.mini_batches, ppo.algo.kl_in_reward, ppo.algo.kl_coef) == (
+        1,
+        2,
+        0.001,
+        0.0,
+    )
     assert (ppo.critic.lr, ppo.critic.warmup_ratio) == (1e-5, 0.015)  # train_ppo.sh critic.optim
     assert eka_ppo_7b.get_config().algo.mini_batches == 2
 

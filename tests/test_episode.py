@@ -245,7 +245,8 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
         external = traj.responses[b]
         for obs, ids, passages in zip(observations, traj.doc_ids[b], traj.retrieved[b]):
             lines = [retriever.corpus.get(i).contents.split("\n") for i in ids]  # _passages2string's split
-            assert passages == "".join(f"Doc {j}(Title: {c[0]}) {chr(10).join(c[1:])}\n" for j, c in enumerate(lines, 1)).strip()
+            shown = [f"Doc {j}(Title: {c[0]}) " + "\n".join(c[1:]) + "\n" for j, c in enumerate(lines, 1)]
+            assert passages == "".join(shown).strip()
             external = external.replace(obs, f"\n\n<information>{passages}</information>\n\n", 1)
         assert traj.external_responses[b] == external and "Internal information:" not in external
     # what the rewards see: E_int and E_ext as separate streams, the judge's view without E_int

@@ -272,8 +272,9 @@ def answer_reward(metric: Callable[[str, Sequence[str]], float], strict: bool = 
     """metric(answer, golden answers); 0 without an answer.
 
     The answer is Search-R1's (`qa_em.compute_score_em`): the last complete `<answer>` block, any number of
-    blocks, any length; none scores 0 (Search-R1 would read its prompt's example answer, "Beijing"). strict: `graded_answer`, so more than one answer block or one over 256 characters
-    scores 0 (a guard against answer flooding that the papers do not have).
+    blocks, any length; none scores 0 (Search-R1 would read its prompt's example answer, "Beijing").
+    strict: `graded_answer`, so more than one answer block or one over 256 characters scores 0 (a guard
+    against answer flooding that the papers do not have).
     """
 
     def score(s: RewardInput) -> float:

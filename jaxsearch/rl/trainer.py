@@ -220,9 +220,10 @@ def make_setup(cfg, mesh, config) -> Setup:
         initial_k=r.initial_k,
         internal_k=r.internal_k,
     )
+    d = cfg.data
     eval_sets = {
-        name: qa.eval_subset(qa.load_examples(path), cfg.data.eval_examples, cfg.data.eval_sample, cfg.data.eval_seed)
-        for name, path in cfg.data.eval.items()
+        name: qa.eval_subset(qa.load_examples(path), d.eval_examples, d.eval_sample, d.eval_seed)
+        for name, path in d.eval.items()
     }
     return Setup(
         cfg,
