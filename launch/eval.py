@@ -16,7 +16,11 @@ Rerunning the same command skips finished examples;
 Recall@k counts an example when a golden answer occurs in any passage the episode retrieved (each search's
 top-k, and EKA's P0 unless --exclude-p0). R-S needs gold passages: the dataset's metadata.supporting_ids,
 looked up in the retriever's corpus (or --corpus with a remote retriever); a dataset without them reports
-R-S as null (as do all with --rs-encoder none). The fabrication rate needs a judge (--judge-url).
+R-S as null (as do all with --rs-encoder none). R-S is EKA's: SQuAD-normalized texts under SimCSE
+(sup-simcse-roberta-large, the default; --rs-encoder minilm needs no download), 0 when nothing was retrieved.
+The fabrication rate needs a judge (--judge-url); it is also given among answer-correct and answer-wrong
+examples (SOAR's Table 4). --limit N --sample random --sample-seed S draws N questions at random (R-Search:
+500, seed 44).
 
 Search-R1 parquet: examples are identified by (data_source, id), so a merged test set (nq, triviaqa, ... with
 ids repeated across sources) is one dataset, broken down by data source in results.md and summary.json. Under
