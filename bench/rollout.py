@@ -28,7 +28,7 @@ import torch
 
 from common import SIZES, hf_model, median_time
 from jaxsearch.models import hf_io
-from jaxsearch.rollout import sampler as S
+from jaxsearch.agent import sampler as S
 
 BATCH, PROMPT, NEW = 16, 64, 128
 
@@ -137,8 +137,8 @@ def episode_bench(batch: int = 16, passages: int = 10_000) -> None:
     from jaxsearch.retrieval.bm25 import BM25Retriever
     from jaxsearch.retrieval.corpus import Corpus
     from jaxsearch.rl.sft import train_tiny_searcher
-    from jaxsearch.rollout import episode
-    from jaxsearch.rollout.protocols import get_protocol
+    from jaxsearch.agent import episode
+    from jaxsearch.agent.protocols import get_protocol
 
     config, params, tok, world, _ = train_tiny_searcher()
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ A run directory is what `python launch/train.py --workdir RUN` writes:
 and, optionally, per-example evaluation files (`<out>/<dataset>.jsonl`, one object per question with
 `question` and `prediction` or `response`, e.g. `python launch/eval.py ... --out RUN/eval`) anywhere under RUN.
 
-No jax here (jaxsearch.rollout.segments is numpy only): the notebooks only read files.
+No jax here (jaxsearch.agent.segments is numpy only): the notebooks only read files.
 """
 
 import glob
@@ -16,7 +16,7 @@ import json
 import os
 import warnings
 
-from jaxsearch.rollout.segments import SEGMENT_IDS
+from jaxsearch.agent.segments import SEGMENT_IDS
 
 STAGES = ("grpo", "sft")
 

@@ -27,9 +27,9 @@ from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.host_split import HostSplitRetriever
 from jaxsearch.rl import advantages
 from jaxsearch.rl import train_step as ts
-from jaxsearch.rollout import episode
-from jaxsearch.rollout import sampler as S
-from jaxsearch.rollout.protocols import get_protocol
+from jaxsearch.agent import episode
+from jaxsearch.agent import sampler as S
+from jaxsearch.agent.protocols import get_protocol
 from test_train_step import CONFIG, make_batch
 
 MESH = {"fsdp": 4, "tensor": 2}

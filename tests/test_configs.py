@@ -16,7 +16,7 @@ NAMES = sorted(
 @pytest.mark.parametrize("name", NAMES)
 def test_config_builds_locked_and_consistent(name):
     from jaxsearch.rl import advantages, losses, rewards
-    from jaxsearch.rollout import protocols
+    from jaxsearch.agent import protocols
 
     cfg = importlib.import_module(f"configs.{name}").get_config()
     with pytest.raises(AttributeError, match="kl_coeff"):

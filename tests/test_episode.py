@@ -10,9 +10,9 @@ from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.bm25 import BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
-from jaxsearch.rollout import episode
-from jaxsearch.rollout import sampler as S
-from jaxsearch.rollout.protocols import get_protocol
+from jaxsearch.agent import episode
+from jaxsearch.agent import sampler as S
+from jaxsearch.agent.protocols import get_protocol
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from jaxsearch.data import qa
 from jaxsearch.eval import evaluate as ev
 from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, normalize_answer, sub_exact_match
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
-from jaxsearch.rollout import segments
+from jaxsearch.agent import segments
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "launch" / "eval.py"

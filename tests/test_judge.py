@@ -22,7 +22,7 @@ from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import hf_io, qwen2
 from jaxsearch.rl import judge as J
 from jaxsearch.rl.rewards import RewardInput, evidence_reward, judge_fabrication
-from jaxsearch.rollout.sampler import generate
+from jaxsearch.agent.sampler import generate
 
 MODEL = "judge-model"
 

@@ -4,7 +4,7 @@ import pytest
 
 from jaxsearch.models.tokenizer import QwenTokenizer
 from jaxsearch.retrieval.base import Doc
-from jaxsearch.rollout.protocols import (
+from jaxsearch.agent.protocols import (
     PROTOCOLS,
     Action,
     AgentProtocol,
@@ -13,7 +13,7 @@ from jaxsearch.rollout.protocols import (
     get_protocol,
     register_protocol,
 )
-from jaxsearch.rollout.segments import SEGMENT_IDS
+from jaxsearch.agent.segments import SEGMENT_IDS
 
 DOCS = [
     Doc("d1", "Hamlet", "Hamlet is a tragedy by William Shakespeare.", 3.0),

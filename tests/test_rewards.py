@@ -5,7 +5,7 @@ import pytest
 from jaxsearch.rl import rewards as R
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.rl.rewards import RewardInput
-from jaxsearch.rollout.protocols import get_protocol
+from jaxsearch.agent.protocols import get_protocol
 
 GOLD = ["Paris"]
 VALID = (

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxsearch.models import hf_io, qwen2
-from jaxsearch.rollout import sampler as S
+from jaxsearch.agent import sampler as S
 from hf_reference import make_hf_model
 
 PIECES = [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxsearch.models.tokenizer import QwenTokenizer
-from jaxsearch.rollout.segments import SEGMENT_IDS, label_batch, label_token_segments
+from jaxsearch.agent.segments import SEGMENT_IDS, label_batch, label_token_segments
 
 TAGS = {
     "<think>": "think",

@@ -32,8 +32,8 @@ from jaxsearch.rl.sft import (
     tiny_searcher_history,
     train_tiny_searcher,
 )
-from jaxsearch.rollout.protocols import get_protocol
-from jaxsearch.rollout.sampler import generate
+from jaxsearch.agent.protocols import get_protocol
+from jaxsearch.agent.sampler import generate
 
 K = 2
 WORDS = {  # hand-written: what the think text calls each relation

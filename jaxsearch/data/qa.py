@@ -162,7 +162,7 @@ def _question_from_prompt(prompt: object, where: str) -> str:
 
 
 def _search_r1_template() -> str:
-    from jaxsearch.rollout.protocols import SEARCH_R1_PROMPT  # Search-R1's make_prefix, "{question}" inside
+    from jaxsearch.agent.protocols import SEARCH_R1_PROMPT  # Search-R1's make_prefix, "{question}" inside
 
     return SEARCH_R1_PROMPT
 
@@ -279,7 +279,7 @@ def prompt_messages(
     if protocol != "search_r1" or not use_data_prompt or all(ex.prompt is None for ex in examples):
         return None
     template = _search_r1_template()
-    from jaxsearch.rollout.protocols import search_r1_question
+    from jaxsearch.agent.protocols import search_r1_question
 
     builtin = [
         [{"role": "user", "content": template.format(question=search_r1_question(ex.question))}]

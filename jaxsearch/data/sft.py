@@ -34,7 +34,7 @@ from jaxsearch.data.synthetic import Step, World, solution_trace
 from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models.tokenizer import Tokenizer
 from jaxsearch.retrieval.base import Doc, Retriever
-from jaxsearch.rollout.protocols import (
+from jaxsearch.agent.protocols import (
     SOAR_INTERNAL_KNOWLEDGE_PROMPT,
     AgentProtocol,
     GraphR1Protocol,

@@ -61,7 +61,7 @@ from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.metrics import recall_at_k
 from jaxsearch.rl import rewards as rewards_lib
 from jaxsearch.rl import trainer
-from jaxsearch.rollout import segments
+from jaxsearch.agent import segments
 
 MEAN_METRICS = ("em", "f1", "sub_em", "recall", "turns", "searches", "finish_ratio", "truncated")
 TABLE_COLUMNS = (  # (summary key, header)

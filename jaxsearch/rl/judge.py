@@ -35,7 +35,7 @@ from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import hf_io
 from jaxsearch.models.tokenizer import QwenTokenizer
 from jaxsearch.rl.rewards import extract_answer
-from jaxsearch.rollout.sampler import Sampler, SamplingParams, StopTable
+from jaxsearch.agent.sampler import Sampler, SamplingParams, StopTable
 
 RSEARCH_EVIDENCE_PROMPT = (
     "Answer the question based on the given passages. Only give me the answer and do not output any other "

@@ -30,7 +30,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, sub_exact_match
-from jaxsearch.rollout import parsing
+from jaxsearch.agent import parsing
 
 MAX_ANSWER_CHARS = 256
 
@@ -61,7 +61,7 @@ RewardFn = Callable[[Sequence[RewardInput]], np.ndarray]
 
 
 # ---------------------------------------------------------------------------------------- parsing
-# One parser for the protocols, the rewards and evaluation: jaxsearch/rollout/parsing.py.
+# One parser for the protocols, the rewards and evaluation: jaxsearch/agent/parsing.py.
 
 policy_view, observations, blocks = parsing.policy_view, parsing.observations, parsing.blocks
 extract_answer, extract_evidence = parsing.extract_answer, parsing.extract_evidence

@@ -35,9 +35,9 @@ from jaxsearch.rl import advantages as adv_lib
 from jaxsearch.rl import judge as judge_lib
 from jaxsearch.rl import rewards as rewards_lib
 from jaxsearch.rl import train_step as ts
-from jaxsearch.rollout import episode, segments
-from jaxsearch.rollout import sampler as sampler_lib
-from jaxsearch.rollout.protocols import get_protocol
+from jaxsearch.agent import episode, segments
+from jaxsearch.agent import sampler as sampler_lib
+from jaxsearch.agent.protocols import get_protocol
 
 log = logging.getLogger("jaxsearch.trainer")
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from jaxsearch.retrieval.base import Doc, Retriever, format_passages
-from jaxsearch.rollout import parsing
+from jaxsearch.agent import parsing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,9 @@ import jax
 import numpy as np
 
 from jaxsearch.retrieval.base import format_passages
-from jaxsearch.rollout import segments
-from jaxsearch.rollout.protocols import AgentProtocol
-from jaxsearch.rollout.sampler import STOP_BUDGET, Sampler
+from jaxsearch.agent import segments
+from jaxsearch.agent.protocols import AgentProtocol
+from jaxsearch.agent.sampler import STOP_BUDGET, Sampler
 
 # one chunk of a row's response: what produced it and its token ids
 POLICY, OBSERVATION, HINT = "policy", "observation", "hint"

@@ -1,0 +1,392 @@
+"""Jitted batched sampling over the Qwen2 KV cache: prefill, decode-until-stop, and append.
+
+The device loop (`decode_segment`) is one `lax.while_loop` that samples a token per active row,
+appends it to the cache, and stops a row when it writes a stop string, an end-of-sequence id, or
+reaches its token budget. Stop strings are matched on bytes, not token ids: each row keeps a rolling
+window of the bytes it generated in this segment, so `</search>` is found however the BPE split it
+(`"</"`, `"search"`, `">\\n\\n"`, or `"ing</"` ...). The row stops at the token that completes the
+string; tokens are never re-encoded.
+
+Host-facing API:
+
+    sampler = Sampler(config, stop_table=StopTable.build(tokenizer, ["</search>", "</answer>"],
+                      eos_ids=[tokenizer.eos_id]), cache_len=1024, max_segment=256)
+    state = sampler.start(params, prompts, seed)           # prompts: list of token-id lists
+    seg, state = sampler.decode(params, state, budget)     # seg: numpy arrays per row
+    state = sampler.append(params, state, chunks)          # observations, per row (empty: nothing)
+
+Shapes are static: prompts and appended chunks are padded to length buckets, so after warm-up a
+multi-turn rollout compiles nothing new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsearch import multihost, parallel
+from jaxsearch.models import qwen2
+
+MAX_TOKEN_BYTES = 64  # bytes kept per token for stop matching (longer tokens keep their last 64)
+STOP_BUDGET = -1  # SegmentResult.stop code: budget or cache end reached (no stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy. top_k 0 and top_p 1.0 switch those filters off. Static under jit."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StopTable:
+    """Device-side tables for stop detection.
+
+    token_bytes [V, MAX_TOKEN_BYTES] uint8 (left-aligned), token_len [V]; stops [S, M] uint8 with
+    stop_mask [S, M]; eos_ids [E]. Stop code s < S means stop string s; S + e means eos_ids[e].
+    """
+
+    token_bytes: jax.Array
+    token_len: jax.Array
+    stops: jax.Array
+    stop_mask: jax.Array
+    eos_ids: jax.Array
+
+    @classmethod
+    def build(
+        cls,
+        tokenizer,
+        stop_strings: Sequence[str],
+        eos_ids: Sequence[int] = (),
+        vocab_size: int | None = None,
+    ) -> "StopTable":
+        """Tables for `tokenizer` (needs `token_bytes(id)`); vocab_size: the model's (>= tokenizer's)."""
+        vocab = max(vocab_size or 0, tokenizer.vocab_size)
+        table = np.zeros((vocab, MAX_TOKEN_BYTES), np.uint8)
+        lengths = np.zeros((vocab,), np.int32)
+        for i in range(tokenizer.vocab_size):
+            b = tokenizer.token_bytes(i)[-MAX_TOKEN_BYTES:]
+            table[i, : len(b)] = np.frombuffer(b, np.uint8)
+            lengths[i] = len(b)
+        return cls.from_arrays(table, lengths, stop_strings, eos_ids)
+
+    @classmethod
+    def from_arrays(cls, table, lengths, stop_strings, eos_ids) -> "StopTable":
+        encoded = [s.encode("utf-8") for s in stop_strings]
+        if any(not s for s in encoded):
+            raise ValueError("stop strings must be non-empty")
+        width = max([len(s) for s in encoded] + [1])
+        stops = np.zeros((len(encoded), width), np.uint8)
+        mask = np.zeros((len(encoded), width), bool)
+        for i, s in enumerate(encoded):
+            stops[i, : len(s)] = np.frombuffer(s, np.uint8)
+            mask[i, : len(s)] = True
+        return cls(
+            jnp.asarray(table),
+            jnp.asarray(lengths),
+            jnp.asarray(stops),
+            jnp.asarray(mask),
+            jnp.asarray(np.asarray(eos_ids, np.int32).reshape(-1)),
+        )
+
+    @property
+    def num_stop_strings(self) -> int:
+        return self.stops.shape[0]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """What persists between segments: the cache, each row's next-token logits [B, V] and PRNG key."""
+
+    cache: dict
+    logits: jax.Array
+    keys: jax.Array  # [B] typed PRNG keys
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentResult:
+    """One decoded segment, on the host. tokens/logprobs/entropy [B, N]; valid up to length [B].
+
+    stop [B]: index of the stop string that ended the row, num_stop_strings + e for eos_ids[e], or
+    STOP_BUDGET (-1) when the budget / cache ran out or the row was inactive.
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    entropy: np.ndarray
+    length: np.ndarray
+    stop: np.ndarray
+
+
+def _filter_logits(logits, sampling: SamplingParams):
+    """Temperature-scaled logits [B, V] with top-k / top-p filtered entries at -inf (fp32)."""
+    scaled = logits / sampling.temperature
+    if sampling.top_k > 0:
+        kth = jax.lax.top_k(scaled, sampling.top_k)[0][:, -1:]
+        scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    if sampling.top_p < 1.0:
+        sorted_desc = -jnp.sort(-scaled, axis=-1)
+        probs = jax.nn.softmax(sorted_desc, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each entry
+        cutoff = jnp.min(jnp.where(before < sampling.top_p, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+        scaled = jnp.where(scaled < cutoff, -jnp.inf, scaled)
+    return scaled
+
+
+def sample_tokens(logits, keys, counters, sampling: SamplingParams):
+    """Sample one token per row. logits [B, V] fp32; keys [B] PRNG keys; counters [B] int (fold-in).
+
+    Returns (tokens [B] int32, logprob [B], entropy [B]). logprob is under the sampling distribution
+    (temperature, top-k, top-p); for greedy (temperature 0) it is the model's log-prob at temperature 1.
+    entropy is of the full-vocabulary temperature-scaled distribution (temperature 1 for greedy).
+    """
+    logits = logits.astype(jnp.float32)
+    if sampling.temperature == 0.0:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        dist = logits
+    else:
+        dist = _filter_logits(logits, sampling)
+        row_keys = jax.vmap(jax.random.fold_in)(keys, counters)
+        tokens = jax.vmap(jax.random.categorical)(row_keys, dist).astype(jnp.int32)
+    logp_all = jax.nn.log_softmax(dist, axis=-1)
+    logprob = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+    full = jax.nn.log_softmax(logits if sampling.temperature == 0.0 else logits / sampling.temperature, -1)
+    entropy = -jnp.sum(jnp.exp(full) * full, axis=-1)
+    return tokens, logprob, entropy
+
+
+def roll_window(window, tok, table: StopTable):
+    """Append each row's token bytes to its byte window [B, W], keeping the last W bytes."""
+    n = table.token_len[tok]
+    full = jnp.concatenate([window, table.token_bytes[tok]], axis=1)  # (window ++ bytes)[n : n + W]
+    return jnp.take_along_axis(full, n[:, None] + jnp.arange(window.shape[1])[None], axis=1)
+
+
+def window_size(table: StopTable) -> int:
+    """Bytes of generated text to keep: a stop string can start up to M - 1 bytes before the last token."""
+    return MAX_TOKEN_BYTES + table.stops.shape[1] - 1
+
+
+def match_stops(window, table: StopTable):
+    """window [B, W] uint8 -> stop index [B] of the first stop string found anywhere in it, or -1."""
+    b, w = window.shape
+    s, m = table.stops.shape
+    if s == 0:
+        return jnp.full((b,), -1, jnp.int32)
+    padded = jnp.pad(window, ((0, 0), (0, m - 1)))
+    idx = jnp.arange(w)[:, None] + jnp.arange(m)[None, :]  # [W, M]
+    unfolded = padded[:, idx]  # [B, W, M]
+    eq = (unfolded[:, None] == table.stops[None, :, None]) | ~table.stop_mask[None, :, None]
+    found = jnp.any(jnp.all(eq, axis=-1), axis=-1)  # [B, S]
+    return jnp.where(jnp.any(found, axis=-1), jnp.argmax(found, axis=-1), -1)
+
+
+def _match_eos(tok, table: StopTable):
+    """tok [B] -> num_stop_strings + e where tok == eos_ids[e], else STOP_BUDGET."""
+    if table.eos_ids.shape[0] == 0:
+        return jnp.full(tok.shape, STOP_BUDGET, jnp.int32)
+    is_eos = tok[:, None] == table.eos_ids[None]
+    return jnp.where(jnp.any(is_eos, -1), table.num_stop_strings + jnp.argmax(is_eos, -1), STOP_BUDGET)
+
+
+def decode_segment(
+    config: qwen2.Qwen2Config,
+    params,
+    state: DecodeState,
+    budget,
+    table: StopTable,
+    sampling: SamplingParams,
+    max_new: int,
+):
+    """Decode up to `max_new` tokens per row until each row stops.
+
+    budget [B] int32: per-row token limit for this segment (0 = row inactive). Returns
+    (tokens [B, N], logprobs [B, N], entropy [B, N], length [B], stop [B], new DecodeState).
+    """
+    b = budget.shape[0]
+    s_max = state.cache["k"][0].shape[1]
+    budget = jnp.minimum(budget, s_max - state.cache["lengths"])  # never write past the cache end
+    window_len = window_size(table)
+    rows = jnp.arange(b)
+
+    def cond(carry):
+        step, _, active, *_ = carry
+        return (step < max_new) & jnp.any(active)
+
+    def body(carry):
+        step, st, active, window, tokens, logprobs, entropy, length, stop = carry
+        tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache["lengths"], sampling)
+        col = jnp.where(active, length, max_new)  # inactive rows write out of range (dropped)
+        tokens = tokens.at[rows, col].set(tok, mode="drop")
+        logprobs = logprobs.at[rows, col].set(logp, mode="drop")
+        entropy = entropy.at[rows, col].set(ent, mode="drop")
+        logits, cache = qwen2.decode_step(config, params, st.cache, tok, active)
+        window = jnp.where(active[:, None], roll_window(window, tok, table), window)
+        hit = match_stops(window, table)
+        code = jnp.where(hit >= 0, hit, _match_eos(tok, table))
+        length = length + active
+        stop = jnp.where(active, code, stop)
+        # rows that appended a token get the logits after it (also when they just stopped)
+        logits = jnp.where(active[:, None], logits, st.logits)
+        active = active & (code == STOP_BUDGET) & (length < budget)
+        new_state = DecodeState(cache=cache, logits=logits, keys=st.keys)
+        return step + 1, new_state, active, window, tokens, logprobs, entropy, length, stop
+
+    init = (
+        jnp.int32(0),
+        state,
+        budget > 0,
+        jnp.zeros((b, window_len), jnp.uint8),
+        jnp.zeros((b, max_new), jnp.int32),
+        jnp.zeros((b, max_new), jnp.float32),
+        jnp.zeros((b, max_new), jnp.float32),
+        jnp.zeros((b,), jnp.int32),
+        jnp.full((b,), STOP_BUDGET, jnp.int32),
+    )
+    _, state, _, _, tokens, logprobs, entropy, length, stop = jax.lax.while_loop(cond, body, init)
+    return tokens, logprobs, entropy, length, stop, state
+
+
+def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{what} of {n} tokens exceeds the largest bucket {buckets[-1]}")
+
+
+def _pad_rows(rows: Sequence[Sequence[int]], width: int, left: bool):
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        if len(r):
+            sl = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[i, sl], mask[i, sl] = r, 1
+    return ids, mask
+
+
+def default_buckets(limit: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to and including `limit`."""
+    out, b = [], smallest
+    while b < limit:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (limit,)
+
+
+class Sampler:
+    """Holds the jitted prefill / decode / append functions for one config, cache size and stop table."""
+
+    def __init__(
+        self,
+        config: qwen2.Qwen2Config,
+        stop_table: StopTable,
+        cache_len: int,
+        max_segment: int,
+        sampling: SamplingParams = SamplingParams(),
+        prompt_buckets: Sequence[int] | None = None,
+        chunk_buckets: Sequence[int] | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+    ):
+        """mesh: shard the batch (prompts, KV cache, activations) over its data axes by the logical-axis
+        rules, as the train step does; rows must divide by the data-parallel size, else they are
+        replicated. None: wherever the params are, batch replicated."""
+        self.config, self.table, self.cache_len = config, stop_table, cache_len
+        self.max_segment, self.sampling = max_segment, sampling
+        self.prompt_buckets = tuple(prompt_buckets or default_buckets(cache_len))
+        self.chunk_buckets = tuple(chunk_buckets or default_buckets(cache_len))
+        self.mesh = mesh
+        shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
+        self._prefill = jax.jit(shard(qwen2.prefill), static_argnums=(0, 4))
+        self._extend = jax.jit(shard(qwen2.extend), static_argnums=(0,), donate_argnums=(2,))
+        self._decode = jax.jit(shard(decode_segment), static_argnums=(0, 5, 6), donate_argnums=(2,))
+
+    def _rows(self, x: np.ndarray):
+        """Host rows [B, ...] as a global array split over the mesh's data axes (as is without a mesh)."""
+        if self.mesh is None:
+            return x
+        spec = parallel.logical_to_spec(("batch",) + (None,) * (x.ndim - 1), x.shape, self.mesh)
+        return multihost.to_global(x, jax.sharding.NamedSharding(self.mesh, spec))
+
+    def compiled_count(self) -> int:
+        """Compiled variants of prefill / extend / decode (jax caches them per function, so the count
+        includes other Samplers' compiles). A multi-turn rollout must stop growing it after warm-up."""
+        return sum(f._cache_size() for f in (self._prefill, self._extend, self._decode))
+
+    def start(self, params, prompts: Sequence[Sequence[int]], seed: int | jax.Array) -> DecodeState:
+        """Prefill left-padded prompts into a fresh cache. seed: an int or a [B] array of PRNG keys."""
+        width = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt")
+        ids, mask = _pad_rows(prompts, width, left=True)
+        logits, cache = self._prefill(self.config, params, self._rows(ids), self._rows(mask), self.cache_len)
+        if isinstance(seed, int):
+            keys = jax.random.split(jax.random.key(seed), len(prompts))
+        else:  # a private copy: the state is donated to the decode loop
+            keys = jax.random.wrap_key_data(jnp.array(jax.random.key_data(seed), copy=True))
+        return DecodeState(cache=cache, logits=logits, keys=keys)
+
+    def decode(self, params, state: DecodeState, budget) -> tuple[SegmentResult, DecodeState]:
+        """Decode one segment. budget: int or [B] ints (0 = row inactive this segment)."""
+        b = state.logits.shape[0]
+        budget = np.minimum(np.broadcast_to(np.asarray(budget, np.int32), (b,)), self.max_segment)
+        tokens, logprobs, entropy, length, stop, state = self._decode(
+            self.config, params, state, budget, self.table, self.sampling, self.max_segment
+        )
+        # every process reads the whole batch back: the host side (parsing, retrieval) runs on all of them
+        result = SegmentResult(*(multihost.to_host(x) for x in (tokens, logprobs, entropy, length, stop)))
+        return result, state
+
+    def append(self, params, state: DecodeState, chunks: Sequence[Sequence[int]]) -> DecodeState:
+        """Append chunks[b] (host-provided tokens, e.g. an observation) to row b; empty = nothing.
+
+        The logits of rows that append nothing are kept, so such a row continues where it was.
+        """
+        longest = max(len(c) for c in chunks)
+        if longest == 0:
+            return state
+        free = self.cache_len - multihost.to_host(state.cache["lengths"])
+        too_long = [i for i, c in enumerate(chunks) if len(c) > free[i]]
+        if too_long:
+            raise ValueError(f"rows {too_long} would overflow the cache of {self.cache_len} tokens")
+        width = _bucket(longest, self.chunk_buckets, "appended chunk")
+        ids, mask = _pad_rows(chunks, width, left=False)
+        logits, cache = self._extend(self.config, params, state.cache, self._rows(ids), self._rows(mask))
+        moved = jnp.asarray(mask.any(axis=1))[:, None]
+        return DecodeState(cache=cache, logits=jnp.where(moved, logits, state.logits), keys=state.keys)
+
+
+def generate(
+    config: qwen2.Qwen2Config,
+    params,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    stop: Sequence[int] | None = None,
+    seed: int = 0,
+) -> list[list[int]]:
+    """New token ids per prompt (a stop id, if one was produced, is included and ends the row).
+
+    A convenience for users; rollouts use `Sampler` directly.
+    """
+    vocab = config.vocab_size
+    table = StopTable.from_arrays(
+        np.zeros((vocab, MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], list(stop or [])
+    )
+    cache_len = max(len(p) for p in prompt_ids) + max_new_tokens
+    sampler = Sampler(
+        config,
+        table,
+        cache_len,
+        max_new_tokens,
+        SamplingParams(temperature=temperature),
+        prompt_buckets=[max(len(p) for p in prompt_ids)],
+    )
+    state = sampler.start(params, prompt_ids, seed)
+    seg, _ = sampler.decode(params, state, max_new_tokens)
+    return [seg.tokens[i, : seg.length[i]].tolist() for i in range(len(prompt_ids))]
