@@ -196,6 +196,7 @@ class AgentProtocol:
     segment_tags: dict[str, str] = {}  # opening tag -> segment name in segments.SEGMENT_IDS
     system_prompt: str | None = None
     observation_allow_special = False
+    uses_initial_knowledge = False  # EKA: P0 passages for the raw question in the prompt
     needs_internal_knowledge = False
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
@@ -207,9 +208,15 @@ class AgentProtocol:
         system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
         return system + [{"role": "user", "content": self.user_prompt(question, initial_context)}]
 
+    def initial_block(self, docs: list[Doc]) -> str:
+        """The prompt's block of initial passages (EKA's P0); only methods with `uses_initial_knowledge`."""
+        raise NotImplementedError(f"protocol {self.name!r} has no initial knowledge")
+
     def initial_context(self, questions: Sequence[str], retriever: Retriever, k: int) -> list[str | None]:
         """Context for the prompt before the first turn, one per question; None when the method has none."""
-        return [None] * len(questions)
+        if not self.uses_initial_knowledge:
+            return [None] * len(questions)
+        return [self.initial_block(docs) for docs in initial_docs(questions, retriever, k)]
 
     def parse_action(self, segment_text: str) -> Action:
         """The action of one decoded segment (the text the policy wrote since the last observation)."""
@@ -306,8 +313,10 @@ class EkaSearchR1Protocol(SearchR1Protocol):
         block = _require_context(initial_context)
         return EKA_SEARCH_R1_PROMPT.format(question=search_r1_question(question)) + block + "\n"
 
-    def initial_context(self, questions: Sequence[str], retriever: Retriever, k: int) -> list[str | None]:
-        return early_knowledge(questions, retriever, k)
+    uses_initial_knowledge = True
+
+    def initial_block(self, docs: list[Doc]) -> str:
+        return knowledge_block(docs)
 
 
 class EkaGraphR1Protocol(GraphR1Protocol):
@@ -320,8 +329,10 @@ class EkaGraphR1Protocol(GraphR1Protocol):
         block = _require_context(initial_context)
         return EKA_GRAPH_R1_PROMPT.format(question=_nonempty(question)) + "\n" + block + "\n"
 
-    def initial_context(self, questions: Sequence[str], retriever: Retriever, k: int) -> list[str | None]:
-        return early_knowledge(questions, retriever, k)
+    uses_initial_knowledge = True
+
+    def initial_block(self, docs: list[Doc]) -> str:
+        return knowledge_block(docs)
 
 
 @register_protocol("eka")
@@ -461,14 +472,19 @@ def passages(docs: Sequence[Doc]) -> str:
     return format_passages(list(docs)).strip()
 
 
-def early_knowledge(questions: Sequence[str], retriever: Retriever, k: int) -> list[str]:
-    """EKA's P0: the top-k docs for each raw question in one batched call, as `<knowledge>` blocks."""
+def initial_docs(questions: Sequence[str], retriever: Retriever, k: int) -> list[list[Doc]]:
+    """EKA's P0: the top-k docs for each raw question, in one batched call."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     results = retriever.search(list(questions), k)
     if len(results) != len(questions):
         raise ValueError(f"retriever returned {len(results)} results for {len(questions)} questions")
-    return [f"<knowledge>\n{passages(docs[:k])}\n</knowledge>" for docs in results]
+    return [docs[:k] for docs in results]
+
+
+def knowledge_block(docs: list[Doc]) -> str:
+    """P0 as the prompt shows it: Search-R1's passage strings inside `<knowledge>`."""
+    return f"<knowledge>\n{passages(docs)}\n</knowledge>"
 
 
 def _require_context(initial_context: str | None) -> str:
