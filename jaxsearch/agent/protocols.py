@@ -44,6 +44,7 @@ from typing import Literal
 
 from jaxsearch.retrieval.base import Doc, Retriever, format_passages
 from jaxsearch.agent import parsing
+from jaxsearch.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,26 +164,17 @@ RSEARCH_SYSTEM_PROMPT = (
 
 # ---------------------------------------------------------------------------------------------- registry
 
-PROTOCOLS: dict[str, Callable[..., AgentProtocol]] = {}
+PROTOCOLS: Registry[Callable[..., AgentProtocol]] = Registry("protocol")
 
 
 def register_protocol(name: str) -> Callable[[Callable], Callable]:
     """Decorator: register a protocol class (or factory taking the protocol's options) under `name`."""
-
-    def register(factory: Callable) -> Callable:
-        if name in PROTOCOLS:
-            raise ValueError(f"protocol {name!r} is already registered")
-        PROTOCOLS[name] = factory
-        return factory
-
-    return register
+    return PROTOCOLS.register(name)
 
 
 def get_protocol(name: str, **options) -> AgentProtocol:
     """A new protocol registered as `name`, built with `options`; a clear error lists the known names."""
-    if name not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {name!r}; known: {sorted(PROTOCOLS)}")
-    return PROTOCOLS[name](**options)
+    return PROTOCOLS.get(name)(**options)
 
 
 # ---------------------------------------------------------------------------------------------- protocols
@@ -498,4 +490,3 @@ def _nonempty(question: str) -> str:
     if not question:
         raise ValueError("question is empty")
     return question
-

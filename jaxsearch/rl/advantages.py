@@ -13,6 +13,7 @@ observation the retriever wrote, or padding) is skipped, the recursion passes th
 so the last policy token before an observation bootstraps from the first policy token after it.
 Rewards and values at mask-0 tokens are ignored; put the sequence reward on a mask-1 token.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -20,26 +21,19 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+from jaxsearch.registry import Registry
+
+ADVANTAGE_ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
 
 
 def register_advantage(name: str) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under `name`."""
-
-    def decorator(fn: Callable) -> Callable:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return ADVANTAGE_ESTIMATORS.register(name)
 
 
 def get_advantage_fn(name: str) -> Callable:
     """The estimator registered as `name`; a clear error lists the known names."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[name]
+    return ADVANTAGE_ESTIMATORS.get(name)
 
 
 @register_advantage("grpo")
@@ -54,7 +48,9 @@ def grpo_advantages(
     if group_size < 2:
         raise ValueError(f"GRPO needs group_size >= 2, got {group_size}")
     if rewards.ndim != 1 or rewards.shape[0] % group_size:
-        raise ValueError(f"rewards must be [N] with N divisible by group_size={group_size}, got {rewards.shape}")
+        raise ValueError(
+            f"rewards must be [N] with N divisible by group_size={group_size}, got {rewards.shape}"
+        )
     grouped = rewards.reshape(-1, group_size)
     adv = grouped - grouped.mean(axis=1, keepdims=True)
     if normalize_std:

@@ -15,6 +15,7 @@ A train step combines them, e.g.
     loss = pg + kl_coef * agg_loss(kl_penalty(logp, ref_logp, "low_var_kl"), mask, mode)
               - entropy_coef * agg_loss(entropy_from_logits(logits), mask, mode)
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -22,29 +23,22 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxsearch.registry import Registry
+
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
-POLICY_LOSSES: dict[str, Callable] = {}
+POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
 
 
 def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     """Decorator: register a policy loss `fn(logp, old_logp, advantages, loss_mask, **kw) -> (loss, stats)`."""
-
-    def decorator(fn: Callable) -> Callable:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    return POLICY_LOSSES.register(name)
 
 
 def get_policy_loss(name: str) -> Callable:
     """The policy loss registered as `name`; a clear error lists the known names."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+    return POLICY_LOSSES.get(name)
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

@@ -21,6 +21,7 @@ R-Search (seed 002 and QingFei1/R-Search: answer F1 + evidence F1 from a frozen 
 SOAR (seed 001: source-consistent reward, Table 7's two checks; evidence-fabrication judge, Table 2).
 tests/data/reward_cases/ holds values obtained by running the authors' functions on the same inputs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,6 +32,7 @@ import numpy as np
 
 from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, sub_exact_match
 from jaxsearch.agent import parsing
+from jaxsearch.registry import Registry
 
 MAX_ANSWER_CHARS = 256
 
@@ -237,6 +239,7 @@ def graph_r1_score(response: str, golden_answers: Sequence[str]) -> float:
 
 # ------------------------------------------------------------------------------ SOAR consistency
 
+
 def declared_stream(sample: RewardInput) -> tuple[str, str, str] | None:
     """(answer, declared source, that source's stream text), or None without an answer or a declaration.
 
@@ -258,6 +261,7 @@ def source_consistent(sample: RewardInput) -> bool:
 
 
 # ---------------------------------------------------------------------- reward function builders
+
 
 def per_sample(fn: Callable[[RewardInput], float]) -> RewardFn:
     """Lift a one-trajectory scorer to a batched reward function."""
@@ -456,28 +460,29 @@ def source_consistency_judge_reward(judge: Judge) -> RewardFn:
 
 # ---------------------------------------------------------------------------------- registry
 
-REWARDS: dict[str, RewardFn] = {
-    "em": answer_reward(exact_match),
-    "f1": answer_reward(f1_score),
-    "sub_em": answer_reward(sub_exact_match),
-    "em_strict": answer_reward(exact_match, strict=True),
-    "f1_strict": answer_reward(f1_score, strict=True),
-    "em_gated": format_gated(answer_reward(exact_match)),
-    "f1_gated": format_gated(answer_reward(f1_score)),
-    "format": per_sample(lambda s: float(is_valid_sequence(s.response))),
-    "search_r1": search_r1_reward(),
-    "rsearch_f1": answer_reward(rsearch_f1),
-    "rsearch_format": per_sample(lambda s: rsearch_format_score(s.response)),
-    "graph_r1": per_sample(lambda s: graph_r1_score(s.response, s.golden_answers)),
-    "source_consistency": per_sample(lambda s: float(source_consistent(s))),
-}
+REWARDS: Registry[RewardFn] = Registry(
+    "reward",
+    {
+        "em": answer_reward(exact_match),
+        "f1": answer_reward(f1_score),
+        "sub_em": answer_reward(sub_exact_match),
+        "em_strict": answer_reward(exact_match, strict=True),
+        "f1_strict": answer_reward(f1_score, strict=True),
+        "em_gated": format_gated(answer_reward(exact_match)),
+        "f1_gated": format_gated(answer_reward(f1_score)),
+        "format": per_sample(lambda s: float(is_valid_sequence(s.response))),
+        "search_r1": search_r1_reward(),
+        "rsearch_f1": answer_reward(rsearch_f1),
+        "rsearch_format": per_sample(lambda s: rsearch_format_score(s.response)),
+        "graph_r1": per_sample(lambda s: graph_r1_score(s.response, s.golden_answers)),
+        "source_consistency": per_sample(lambda s: float(source_consistent(s))),
+    },
+)
 
 
 def get_reward(name: str) -> RewardFn:
     """The reward registered as `name`; a clear error lists the known names."""
-    if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
-    return REWARDS[name]
+    return REWARDS.get(name)
 
 
 @dataclasses.dataclass(frozen=True)
