@@ -197,6 +197,22 @@ def _match_eos(tok, table: StopTable):
     return jnp.where(jnp.any(is_eos, -1), table.num_stop_strings + jnp.argmax(is_eos, -1), STOP_BUDGET)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SegmentState:
+    """The carry of `decode_segment`'s while loop (B rows, N = max_new, W = window_size(table))."""
+
+    step: jax.Array  # [] int32: tokens decoded so far in this segment (the loop stops at N)
+    state: DecodeState  # the cache, next-token logits [B, V] and keys [B], advanced per decoded token
+    active: jax.Array  # [B] bool: the row still decodes (no stop, no eos, under its budget)
+    window: jax.Array  # [B, W] uint8: the last W bytes the row generated, for stop-string matching
+    tokens: jax.Array  # [B, N] int32: sampled tokens, valid up to length
+    logprobs: jax.Array  # [B, N] float32: their log-probs under the sampling distribution
+    entropy: jax.Array  # [B, N] float32: the sampling distribution's entropy at each token
+    length: jax.Array  # [B] int32: tokens the row decoded
+    stop: jax.Array  # [B] int32: stop code (see SegmentResult.stop); STOP_BUDGET while none
+
+
 def decode_segment(
     config: qwen2.Qwen2Config,
     params,
@@ -214,45 +230,48 @@ def decode_segment(
     b = budget.shape[0]
     s_max = state.cache["k"][0].shape[1]
     budget = jnp.minimum(budget, s_max - state.cache["lengths"])  # never write past the cache end
-    window_len = window_size(table)
     rows = jnp.arange(b)
 
-    def cond(carry):
-        step, _, active, *_ = carry
-        return (step < max_new) & jnp.any(active)
+    def cond(seg: SegmentState):
+        return (seg.step < max_new) & jnp.any(seg.active)
 
-    def body(carry):
-        step, st, active, window, tokens, logprobs, entropy, length, stop = carry
+    def body(seg: SegmentState) -> SegmentState:
+        st, active, length = seg.state, seg.active, seg.length
         tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache["lengths"], sampling)
         col = jnp.where(active, length, max_new)  # inactive rows write out of range (dropped)
-        tokens = tokens.at[rows, col].set(tok, mode="drop")
-        logprobs = logprobs.at[rows, col].set(logp, mode="drop")
-        entropy = entropy.at[rows, col].set(ent, mode="drop")
         logits, cache = qwen2.decode_step(config, params, st.cache, tok, active)
-        window = jnp.where(active[:, None], roll_window(window, tok, table), window)
+        window = jnp.where(active[:, None], roll_window(seg.window, tok, table), seg.window)
         hit = match_stops(window, table)
         code = jnp.where(hit >= 0, hit, _match_eos(tok, table))
         length = length + active
-        stop = jnp.where(active, code, stop)
-        # rows that appended a token get the logits after it (also when they just stopped)
-        logits = jnp.where(active[:, None], logits, st.logits)
-        active = active & (code == STOP_BUDGET) & (length < budget)
-        new_state = DecodeState(cache=cache, logits=logits, keys=st.keys)
-        return step + 1, new_state, active, window, tokens, logprobs, entropy, length, stop
+        return SegmentState(
+            step=seg.step + 1,
+            # rows that appended a token get the logits after it (also when they just stopped)
+            state=DecodeState(
+                cache=cache, logits=jnp.where(active[:, None], logits, st.logits), keys=st.keys
+            ),
+            active=active & (code == STOP_BUDGET) & (length < budget),
+            window=window,
+            tokens=seg.tokens.at[rows, col].set(tok, mode="drop"),
+            logprobs=seg.logprobs.at[rows, col].set(logp, mode="drop"),
+            entropy=seg.entropy.at[rows, col].set(ent, mode="drop"),
+            length=length,
+            stop=jnp.where(active, code, seg.stop),
+        )
 
-    init = (
-        jnp.int32(0),
-        state,
-        budget > 0,
-        jnp.zeros((b, window_len), jnp.uint8),
-        jnp.zeros((b, max_new), jnp.int32),
-        jnp.zeros((b, max_new), jnp.float32),
-        jnp.zeros((b, max_new), jnp.float32),
-        jnp.zeros((b,), jnp.int32),
-        jnp.full((b,), STOP_BUDGET, jnp.int32),
+    init = SegmentState(
+        step=jnp.int32(0),
+        state=state,
+        active=budget > 0,
+        window=jnp.zeros((b, window_size(table)), jnp.uint8),
+        tokens=jnp.zeros((b, max_new), jnp.int32),
+        logprobs=jnp.zeros((b, max_new), jnp.float32),
+        entropy=jnp.zeros((b, max_new), jnp.float32),
+        length=jnp.zeros((b,), jnp.int32),
+        stop=jnp.full((b,), STOP_BUDGET, jnp.int32),
     )
-    _, state, _, _, tokens, logprobs, entropy, length, stop = jax.lax.while_loop(cond, body, init)
-    return tokens, logprobs, entropy, length, stop, state
+    out = jax.lax.while_loop(cond, body, init)
+    return out.tokens, out.logprobs, out.entropy, out.length, out.stop, out.state
 
 
 def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
