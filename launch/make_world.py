@@ -14,7 +14,7 @@ import collections
 import os
 import sys
 
-from jaxsearch.data.synthetic import SIZES, generate_world, world_config
+from jaxsearch.data.world.generator import SIZES, generate_world, world_config
 from jaxsearch.data.word_tokenizer import WordTokenizer
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import jax
 
-from jaxsearch.data.synthetic import generate_world, world_config
+from jaxsearch.data.world.generator import generate_world, world_config
 from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.bm25 import BM25Retriever

@@ -21,7 +21,8 @@ from jaxsearch.data.sft import (
     sft_dataset,
     sft_trajectory,
 )
-from jaxsearch.data.synthetic import generate_world, solution_trace, world_config
+from jaxsearch.data.world.generator import generate_world, world_config
+from jaxsearch.data.world.oracle import solution_trace
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.factory import make_retriever

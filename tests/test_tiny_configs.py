@@ -12,7 +12,8 @@ import pytest
 
 from jaxsearch.data import qa
 from jaxsearch.data.sft import early_stop_trace, sft_dataset
-from jaxsearch.data.synthetic import generate_world, read_answer, read_facts, solution_trace, world_config
+from jaxsearch.data.world.generator import generate_world, world_config
+from jaxsearch.data.world.oracle import WorldChatModel, read_answer, read_facts, solution_trace
 from jaxsearch.rl import pipeline, rewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,7 +124,7 @@ def test_sft_dataset_carries_the_early_stop_mistake_of_chain_questions(world, sf
 def test_p0_trace_skips_the_leading_searches_that_p0_holds(world, sft_inputs):
     """EKA's mechanism in SFT (sft.use_p0): the ideal trace does not search for what P0 already shows."""
     from jaxsearch.data.sft import p0_trace
-    from jaxsearch.data.synthetic import Step, solution_trace
+    from jaxsearch.data.world.oracle import Step, solution_trace
 
     a, b, c = (Step("search", f"q{i}", passage_id=f"p{i}") for i in range(3))
     answer = Step("answer", "x")
@@ -279,7 +280,7 @@ def test_world_judge_grounded_when_the_answer_was_retrieved():
     not_in_docs = "<search> Drath </search>\n<information>nothing</information>\n<answer> Drath </answer>"
     responses = (grounded, invented, not_in_docs)
     samples = [rewards.RewardInput(r, ["Drath"], "Where was Tobu Kes born?") for r in responses]
-    scores = rewards.judge_fabrication(ChatJudge(pipeline.WorldChatModel()), samples)
+    scores = rewards.judge_fabrication(ChatJudge(WorldChatModel()), samples)
     assert scores.tolist() == [0.0, 1.0, 1.0]
 
 
@@ -288,5 +289,5 @@ def test_world_reader_behind_r_search_evidence_reward():
 
     response = "<information>x</information>\n<evidence> Tobu Kes was born in Drath. </evidence>\n<answer> Drath </answer>"
     samples = [rewards.RewardInput(response, ["Drath"], "Where was Tobu Kes born?")]
-    reward = rewards.evidence_reward(ChatEvidenceAnswerer(pipeline.WorldChatModel()))
+    reward = rewards.evidence_reward(ChatEvidenceAnswerer(WorldChatModel()))
     assert reward(samples).tolist() == [1.0]

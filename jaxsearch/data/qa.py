@@ -26,7 +26,6 @@ the file, the line (parquet: row) and the field; a file without examples is an e
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -36,53 +35,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from jaxsearch.data import tfds_source
+from jaxsearch.data.qa_example import QADataError, QAExample
 from jaxsearch.eval.metrics import Regex
 
 SUFFIXES = (".jsonl", ".parquet")
 REGEX_DATASET = "curatedtrec"  # FlashRAG compares its golden answers as regular expressions
-TFDS_PREFIX = "tfds:"  # a tensorflow-datasets builder spec, not a file (jaxsearch/data/tfds_source.py)
-
-
-class QADataError(ValueError):
-    """A QA file that cannot be used; the message names the file, line (or row) and field."""
-
-
-@dataclasses.dataclass
-class QAExample:
-    """One question. `supporting_ids`: ids of the gold passages (None when the dataset has none);
-    `prompt`: the row's own chat messages (Search-R1 parquet), None when it has none."""
-
-    id: str
-    question: str
-    golden_answers: list[str]
-    supporting_ids: list[str] | None = None
-    metadata: dict = dataclasses.field(default_factory=dict)
-    prompt: list[dict] | None = None
-
-    @property
-    def data_source(self) -> str | None:
-        """Search-R1's `data_source` (nq, triviaqa, ...), None for rows without one."""
-        return self.metadata.get("data_source")
-
-    @property
-    def key(self) -> tuple[str | None, str]:
-        """(data_source, id): what identifies an example in a merged Search-R1 test set."""
-        return self.data_source, self.id
-
-    def to_json(self) -> dict:
-        """The FlashRAG row; `supporting_ids` goes into `metadata` when present, `prompt` when not None."""
-        metadata = dict(self.metadata)
-        if self.supporting_ids is not None:
-            metadata["supporting_ids"] = list(self.supporting_ids)
-        row = {
-            "id": self.id,
-            "question": self.question,
-            "golden_answers": list(self.golden_answers),
-            "metadata": metadata,
-        }
-        if self.prompt is not None:
-            row["prompt"] = [dict(m) for m in self.prompt]
-        return row
 
 
 def example_from_dict(row: dict, where: str, regex_answers: bool = False) -> QAExample:
@@ -225,9 +183,7 @@ def has_regex_answers(path: str) -> bool:
 def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
     """Streams the examples of one `.jsonl` or `.parquet` file (blank JSONL lines are skipped) or tfds spec."""
     path = os.fspath(path)
-    if path.startswith(TFDS_PREFIX):
-        from jaxsearch.data import tfds_source
-
+    if path.startswith(tfds_source.TFDS_PREFIX):
         yield from tfds_source.iter_examples(path)
         return
     if not os.path.isfile(path):

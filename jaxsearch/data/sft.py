@@ -30,7 +30,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from jaxsearch.data.qa import QAExample
-from jaxsearch.data.synthetic import Step, World, solution_trace
+from jaxsearch.data.world.generator import World
+from jaxsearch.data.world.oracle import Step, solution_trace
 from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models.tokenizer import Tokenizer
 from jaxsearch.retrieval.base import Doc, Retriever

@@ -32,8 +32,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jaxsearch.data.qa import TFDS_PREFIX, QADataError, QAExample
+from jaxsearch.data.qa_example import QADataError, QAExample
 
+TFDS_PREFIX = "tfds:"  # a QA path that is a tensorflow-datasets builder spec, not a file
 OPTIONS = ("split", "data_dir")
 TRIVIA_QA_FIELDS = ("question", "question_id", "answer/value", "answer/aliases", "answer/normalized_aliases")
 NATURAL_QUESTIONS_FIELDS = ("id", "question/text", "annotations/short_answers/text")

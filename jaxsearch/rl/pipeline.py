@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 
 import jax
 import ml_collections
 
 from jaxsearch import checkpoint
+from jaxsearch.data.world.oracle import WorldChatModel  # noqa: F401  (config kind "world"; still importable from here)
 from jaxsearch.files import atomic_write, atomic_write_text
 from jaxsearch.rl import trainer
 
@@ -28,11 +28,11 @@ log = logging.getLogger("jaxsearch.pipeline")
 def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
     """Write the synthetic world once and point the config's data, retriever and tokenizer at it."""
     from jaxsearch.data import sft as sft_data
-    from jaxsearch.data import synthetic
+    from jaxsearch.data.world.generator import generate_world, world_config
 
     world_dir = os.path.join(workdir, "world")
     if not os.path.exists(os.path.join(world_dir, "tokenizer.json")):
-        world = synthetic.generate_world(synthetic.world_config(cfg.world.size, cfg.world.seed))
+        world = generate_world(world_config(cfg.world.size, cfg.world.seed))
         world.write(world_dir)
         sft_data.build_world_tokenizer(world).save(os.path.join(world_dir, "tokenizer.json"))
     cfg = ml_collections.ConfigDict(cfg.to_dict())  # an unlocked copy to fill in
@@ -84,7 +84,7 @@ def held_out_file(world_dir: str, eval_split: str) -> str:
 def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     """Supervised warm start on the world's templated trajectories; returns the params directory."""
     from jaxsearch.data import sft as sft_data
-    from jaxsearch.data import synthetic
+    from jaxsearch.data.world.generator import generate_world, world_config
     from jaxsearch.models import qwen2
     from jaxsearch.rl import sft as sft_lib
 
@@ -93,7 +93,7 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     if os.path.exists(os.path.join(params_dir, "config.json")):
         return params_dir
     os.makedirs(out, exist_ok=True)
-    world = synthetic.generate_world(synthetic.world_config(cfg.world.size, cfg.world.seed))
+    world = generate_world(world_config(cfg.world.size, cfg.world.seed))
     tokenizer = trainer.load_tokenizer(cfg)
     retriever = trainer.build_retriever(cfg.retriever)
     examples = sft_data.sft_dataset(
@@ -204,44 +204,3 @@ def eval_summary(metrics_path: str) -> str:
             f"{last[key]:.3f} at step {last['step']}"
         )
     return "\n".join(lines)
-
-
-class WorldChatModel:
-    """A rule-based chat model for the synthetic world (config `kind: world`), behind the model-backed rewards.
-
-    - SOAR's fabrication judge (system message `rewards.FABRICATION_JUDGE_PROMPT`): grounded when the
-      trajectory's answer occurs in one of the `<information>` blocks it is shown (E_ext only), i.e. it was
-      read, not invented.
-    - SOAR's source-consistency judge (system message `rewards.SOURCE_CONSISTENCY_JUDGE_PROMPT`): consistent
-      when the answer occurs in the declared source's text.
-    - R-Search's evidence answerer (any other conversation, R-Search's evidence template): `synthetic.read_answer`
-      on the passages and question of the prompt, a reader that knows only the world's sentence templates.
-    """
-
-    def chat(self, batch: list[list[dict]], max_tokens: int, temperature: float, top_p: float = 1.0) -> list[str]:
-        return [self.reply(messages) for messages in batch]
-
-    @staticmethod
-    def reply(messages: list[dict]) -> str:
-        from jaxsearch.data import synthetic
-        from jaxsearch.eval.metrics import answer_in_text
-        from jaxsearch.rl import rewards
-
-        system = messages[0]["content"] if messages[0]["role"] == "system" else None
-        prompt = messages[-1]["content"]
-        if system == rewards.FABRICATION_JUDGE_PROMPT:
-            response = prompt.split("\n\nModel reasoning:\n", 1)[-1]
-            answer = rewards.extract_answer(response)
-            grounded = bool(answer) and any(
-                answer_in_text(o, [answer]) for o in rewards.observations(response)
-            )
-            reason = "the answer is in the retrieved information" if grounded else "the answer is not retrieved"
-            return json.dumps({"reason": reason, "grounded": grounded})
-        if system == rewards.SOURCE_CONSISTENCY_JUDGE_PROMPT:
-            case = re.search(r"\n\nFinal answer: (.*)\n\nDeclared source: .*\n\nSource text:\n(.*)", prompt, re.DOTALL)
-            consistent = case is not None and answer_in_text(case[2], [case[1]])
-            return json.dumps({"reason": "rule: answer in the source text", "consistent": consistent})
-        passages = re.search(r"given passages:\n(.*)\n\nQuestion: (.*)\nAnswer:", prompt, re.DOTALL)
-        if passages is None:
-            return ""
-        return synthetic.read_answer(passages[2], passages[1])

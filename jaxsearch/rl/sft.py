@@ -130,10 +130,10 @@ def train_tiny_searcher(
     retrains. Delete the directory to retrain by hand.
     """
     from jaxsearch.data import sft as sft_data
-    from jaxsearch.data import synthetic
+    from jaxsearch.data.world.generator import generate_world, world_config
     from jaxsearch.retrieval.factory import make_retriever
 
-    world = synthetic.generate_world(synthetic.world_config("tiny", seed))
+    world = generate_world(world_config("tiny", seed))
     tokenizer = sft_data.build_world_tokenizer(world)
     config = tiny_searcher_config(tokenizer.vocab_size)
     out = _cache_dir(seed, steps, cache_dir)
@@ -170,8 +170,8 @@ def _cache_dir(seed: int, steps: int, cache_dir: str | os.PathLike | None) -> Pa
     import jaxsearch
 
     package = Path(jaxsearch.__file__).parent
-    sources = ["data/sft.py", "data/synthetic.py", "data/word_tokenizer.py", "models/qwen2.py"]
-    sources += ["rollout/protocols.py", "rl/sft.py"]
+    sources = ["data/sft.py", "data/world/generator.py", "data/world/oracle.py", "data/world/tables.py"]
+    sources += ["data/word_tokenizer.py", "models/qwen2.py", "agent/protocols.py", "rl/sft.py"]
     digest = hashlib.sha256(json.dumps([seed, steps, TINY_SEARCHER]).encode())
     for source in sources:
         digest.update((package / source).read_bytes())

@@ -3,8 +3,8 @@
 No model can know the answers (names are built from random syllables): the only way to answer is to search.
 
 - Entities: people, cities, countries, organisations, films and novels; dates and years are fact values.
-- Facts: the typed relations in `RELATIONS` (born_in, birth_date, spouse_of, works_for, founded_by, ...).
-  Every relation is functional (one object per subject), so every question has one answer.
+- Facts: the typed relations in `tables.RELATIONS`; every relation is functional, so every question has one
+  answer.
 - Passages: each entity is a short document of passages titled with its name; a passage states 1-3 of its
   facts, each in one of 2-3 sentence templates. Distractor entities have names that look like real ones (a
   shared given or family name, a shared root) and facts of their own; no question is about or leads to them.
@@ -16,7 +16,7 @@ No model can know the answers (names are built from random syllables): the only 
 
 `World.write(dir)` writes FlashRAG files: `corpus.jsonl` rows `{"id", "contents": '"Title"\\ntext'}` and
 `{train,dev,test}.jsonl` QA rows with `metadata: {"supporting_ids", "hops", "type", "relations",
-"hop_entities"}`. `solution_trace(question, world)` gives the ideal searches and answer as structured steps.
+"hop_entities"}`. `generate_world(world_config(size, seed))`: the same config always gives the same world.
 """
 
 from __future__ import annotations
@@ -29,208 +29,21 @@ import re
 from collections.abc import Iterator
 
 from jaxsearch.data.qa import QAExample, write_jsonl
-
-SPLITS = ("train", "dev", "test")
-MONTHS = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
+from jaxsearch.data.world.tables import (
+    BOOK_WORDS,
+    CODAS,
+    COUNTRY_FORMS,
+    FILM_WORDS,
+    MONTHS,
+    ONSETS,
+    ORDER_COMPARISONS,
+    ORG_SUFFIXES,
+    RELATIONS,
+    SAME_COMPARISONS,
+    SPLITS,
+    VOWELS,
+    year_of,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Relation:
-    """A typed relation: subject kind -> object kind (None: a value, a date or a year).
-
-    `statements`: passage sentences ({s} subject, {o} object). `phrases`: noun phrases for the object inside a
-    longer question ("the director of {x}"; none for value relations). `questions`: questions asking for the
-    object (none: never asked). Each relation that can follow another in a chain has a phrase and a question
-    ending in "{x}", the only ones used around a nested phrase. `query`: words a search query adds to the
-    subject's name.
-    """
-
-    subject: str
-    object: str | None
-    statements: tuple[str, ...]
-    phrases: tuple[str, ...]
-    questions: tuple[str, ...]
-    query: str
-
-
-RELATIONS: dict[str, Relation] = {
-    "born_in": Relation(
-        "person",
-        "city",
-        ("{s} was born in {o}.", "{s} is a native of the city of {o}.", "The birthplace of {s} is {o}."),
-        ("the birthplace of {x}", "the city where {x} was born"),
-        ("Where was {x} born?", "In which city was {x} born?", "What is the birthplace of {x}?"),
-        "born birthplace native",
-    ),
-    "birth_date": Relation(
-        "person",
-        None,
-        ("{s} was born on {o}.", "The date of birth of {s} is {o}.", "{s} came into the world on {o}."),
-        (),
-        ("When was {x} born?", "What is the date of birth of {x}?"),
-        "born date birth",
-    ),
-    "spouse_of": Relation(
-        "person",
-        "person",
-        ("{s} is married to {o}.", "{s} married {o}.", "The spouse of {s} is {o}."),
-        ("the spouse of {x}",),
-        ("Who is the spouse of {x}?", "Who is {x} married to?"),
-        "married spouse",
-    ),
-    "works_for": Relation(
-        "person",
-        "org",
-        ("{s} works for {o}.", "{s} is employed by {o}.", "{s} holds a position at {o}."),
-        ("the employer of {x}", "the organisation that employs {x}"),
-        ("Which organisation does {x} work for?", "Who employs {x}?"),
-        "works employed employer position",
-    ),
-    "founded_by": Relation(
-        "org",
-        "person",
-        ("{s} was founded by {o}.", "{o} founded {s}.", "The founder of {s} is {o}."),
-        ("the founder of {x}",),
-        ("Who founded {x}?", "Who is the founder of {x}?"),
-        "founded founder",
-    ),
-    "founded_year": Relation(
-        "org",
-        None,
-        ("{s} was established in {o}.", "{s} has existed since its establishment in {o}."),
-        (),
-        ("In what year was {x} established?", "What is the year of establishment of {x}?"),
-        "established establishment year",
-    ),
-    "headquartered_in": Relation(
-        "org",
-        "city",
-        (
-            "{s} is headquartered in {o}.",
-            "The headquarters of {s} are in {o}.",
-            "{s} has its head office in {o}.",
-        ),
-        ("the city where {x} is headquartered", "the headquarters city of {x}"),
-        ("Where is {x} headquartered?", "In which city are the headquarters of {x}?"),
-        "headquartered headquarters head office",
-    ),
-    "located_in": Relation(
-        "city",
-        "country",
-        ("{s} is a city in {o}.", "{s} lies in the country of {o}.", "{s} is located in {o}."),
-        ("the country of {x}", "the country where {x} is located"),
-        ("In which country is {x}?", "Which country is {x} located in?"),
-        "city country located lies",
-    ),
-    "capital": Relation(
-        "country",
-        "city",
-        ("The capital of {s} is {o}.", "{o} is the capital city of {s}."),
-        ("the capital of {x}",),
-        ("What is the capital of {x}?", "Which city is the capital of {x}?"),
-        "capital",
-    ),
-    "official_name": Relation(
-        "country",
-        None,
-        ("{s} is officially called the {o}.", "The official name of {s} is the {o}."),
-        (),
-        (),
-        "official name",
-    ),
-    "directed_by": Relation(
-        "film",
-        "person",
-        ("{s} is a film directed by {o}.", "{o} directed the film {s}.", "The director of {s} is {o}."),
-        ("the director of {x}",),
-        ("Who directed {x}?", "Who is the director of the film {x}?"),
-        "film directed director",
-    ),
-    "written_by": Relation(
-        "book",
-        "person",
-        ("{s} is a novel written by {o}.", "{o} wrote the novel {s}.", "The author of {s} is {o}."),
-        ("the author of {x}",),
-        ("Who wrote {x}?", "Who is the author of the novel {x}?"),
-        "novel written wrote author",
-    ),
-    "released_in": Relation(
-        "film",
-        None,
-        ("{s} was released in {o}.", "The film {s} premiered in {o}."),
-        (),
-        ("In what year was {x} released?", "When did the film {x} premiere?"),
-        "film released premiered year",
-    ),
-    "published_in": Relation(
-        "book",
-        None,
-        ("{s} was published in {o}.", "The novel {s} first appeared in print in {o}."),
-        (),
-        ("In what year was {x} published?", "When was the novel {x} first published?"),
-        "novel published print year",
-    ),
-}
-
-# Comparisons of two subjects' values: (first-asked templates, last-asked templates); answer is a subject.
-ORDER_COMPARISONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "birth_date": (
-        ("Who was born first, {a} or {b}?", "Who is older, {a} or {b}?"),
-        ("Who was born later, {a} or {b}?", "Who is younger, {a} or {b}?"),
-    ),
-    "founded_year": (
-        ("Which was established first, {a} or {b}?", "Which organisation is older, {a} or {b}?"),
-        ("Which was established more recently, {a} or {b}?",),
-    ),
-    "released_in": (
-        ("Which film was released first, {a} or {b}?",),
-        ("Which film was released later, {a} or {b}?",),
-    ),
-    "published_in": (
-        ("Which novel was published first, {a} or {b}?",),
-        ("Which novel was published later, {a} or {b}?",),
-    ),
-}
-# Yes/no comparisons: do two subjects have the same object?
-SAME_COMPARISONS: dict[str, tuple[str, ...]] = {
-    "located_in": ("Are {a} and {b} located in the same country?", "Do {a} and {b} lie in the same country?"),
-    "born_in": ("Were {a} and {b} born in the same city?", "Do {a} and {b} share a birthplace?"),
-    "works_for": (
-        "Do {a} and {b} work for the same organisation?",
-        "Are {a} and {b} employed by the same organisation?",
-    ),
-    "headquartered_in": ("Are {a} and {b} headquartered in the same city?",),
-}
-
-ORG_SUFFIXES = (
-    "Industries",
-    "Institute",
-    "Company",
-    "Society",
-    "Works",
-    "Foundation",
-    "Guild",
-    "Trading House",
-)
-FILM_WORDS = ("Rising", "Dawn", "Night", "Road", "Gate", "Tide", "Crown", "Harbour")
-BOOK_WORDS = ("Song", "Book", "Hour", "Garden", "Winter", "Lantern", "Mirror", "House")
-COUNTRY_FORMS = ("Republic", "Kingdom", "Federation", "Commonwealth")
-ONSETS = tuple("b d f g k l m n p r s t v z br dr gr kr tr th sh st qu".split())
-VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")
-CODAS = ("", "", "", "n", "r", "l", "s", "th", "m")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,23 +123,6 @@ class Passage:
         return f'"{self.title}"\n{self.text}'
 
 
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One step of an ideal trajectory.
-
-    action "search": `text` is the query, which should retrieve `passage_id`; that passage's `fact` sentence
-    says that `relation` of `subject` is `found`. action "answer": `text` is the final answer.
-    """
-
-    action: str
-    text: str
-    passage_id: str | None = None
-    subject: str | None = None
-    relation: str | None = None
-    found: str | None = None
-    fact: str | None = None
-
-
 @dataclasses.dataclass
 class World:
     config: WorldConfig
@@ -386,38 +182,6 @@ class World:
             write_jsonl(examples, os.path.join(out_dir, f"{split}.jsonl"))
         with open(os.path.join(out_dir, "world_config.json"), "w", encoding="utf-8") as f:
             json.dump(dataclasses.asdict(self.config), f, indent=1)
-
-
-def solution_trace(question: QAExample, world: World) -> list[Step]:
-    """The ideal trajectory for a question of this world: one search per hop, then the answer.
-
-    Each query is the hop's subject name plus its relation's words, e.g. "Velmar Rising film directed
-    director".
-    """
-    meta = question.metadata
-    steps = []
-    for name, relation, passage_id in zip(meta["hop_entities"], meta["relations"], question.supporting_ids):
-        entity = world.entity_named(name)
-        if entity is None or not world.has(entity.id, relation):
-            raise ValueError(f"question {question.id}: no {relation!r} fact about {name!r} in this world")
-        fact, passage, sentence = world.statement(entity.id, relation)
-        if passage.id != passage_id:
-            raise ValueError(
-                f"question {question.id}: passage {passage_id} is not where this world states it"
-            )
-        steps.append(
-            Step(
-                "search",
-                f"{name} {RELATIONS[relation].query}",
-                passage_id=passage_id,
-                subject=name,
-                relation=relation,
-                found=world.object_text(fact),
-                fact=sentence,
-            )
-        )
-    steps.append(Step("answer", question.golden_answers[0]))
-    return steps
 
 
 def generate_world(config: WorldConfig) -> World:
@@ -703,7 +467,7 @@ def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAEx
                 fb = world.statement(b, relation)[0]
             elif fa.object == fb.object:
                 continue
-        elif _year(fa.object) == _year(fb.object):
+        elif year_of(fa.object) == year_of(fb.object):
             continue
         key = (relation, *sorted((a, b)))
         if key in used:
@@ -717,7 +481,7 @@ def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAEx
             ask_first = rng.random() < 0.5
             templates = ORDER_COMPARISONS[relation][0 if ask_first else 1]
             question = rng.choice(templates).format(a=name_a, b=name_b)
-            a_first = _year(fa.object) < _year(fb.object)
+            a_first = year_of(fa.object) < year_of(fb.object)
             answer = name_a if a_first == ask_first else name_b
         supporting = [world.statement(a, relation)[1].id, world.statement(b, relation)[1].id]
         return QAExample(
@@ -733,80 +497,3 @@ def _draw_comparison(world: World, used: set[tuple], rng: random.Random) -> QAEx
             },
         )
     raise ValueError("the world has too few distinct comparisons for the requested questions; enlarge it")
-
-
-def _year(value: str) -> int | None:
-    """The year of a value: a year ("1871") or a date ("12 March 1843"); None for anything else, which
-    only model-written evidence holds ("X was born on Fesougum.")."""
-    words = value.split()
-    return int(words[-1]) if words and words[-1].isdigit() else None
-
-
-# ------------------------------------------------------------------------------------------- a rule-based reader
-
-
-def _pattern(template: str) -> re.Pattern:
-    """A template ("{s} was born in {o}.") as an anchored regex with one lazy group per field."""
-    parts = re.split(r"(\{[a-z]\})", template)
-    body = "".join(f"(?P<{p[1]}>.+?)" if re.fullmatch(r"\{[a-z]\}", p) else re.escape(p) for p in parts)
-    return re.compile(f"^{body}$")
-
-
-def _by_length(pairs: list[tuple[str, str]]) -> list[tuple[str, re.Pattern]]:
-    """(key, pattern) with the templates of most literal text first: "{s} is married to {o}." before
-    "{s} married {o}.", so a longer template wins where a shorter one also matches."""
-    literal = lambda t: len(re.sub(r"\{[a-z]\}", "", t))  # noqa: E731
-    return [(key, _pattern(t)) for key, t in sorted(pairs, key=lambda kt: -literal(kt[1]))]
-
-
-_STATEMENTS = _by_length([(r, t) for r, rel in RELATIONS.items() for t in rel.statements])
-_QUESTIONS = _by_length([(r, t) for r, rel in RELATIONS.items() for t in rel.questions])
-_ORDER = _by_length(
-    [((r, first), t) for r, both in ORDER_COMPARISONS.items() for first in (0, 1) for t in both[first]]
-)
-_SAME = _by_length([(r, t) for r, templates in SAME_COMPARISONS.items() for t in templates])
-
-
-def read_facts(text: str) -> list[tuple[str, str, str]]:
-    """(subject, relation, object) of each sentence of `text` that one of the world's statement templates
-    words, in text order; other sentences are skipped."""
-    facts = []
-    for sentence in re.split(r"(?<=\.)\s+", text.strip()):
-        for relation, pattern in _STATEMENTS:
-            match = pattern.match(sentence.strip())
-            if match:
-                facts.append((match["s"], relation, match["o"]))
-                break
-    return facts
-
-
-def read_answer(question: str, evidence: str) -> str:
-    """The answer a reader that knows only the world's templates gives from `evidence` alone ("" if none).
-
-    A chain question asks for its outermost relation: the object of the last evidence fact of that relation.
-    A comparison needs both subjects' facts of its relation: the earlier / later one, or yes / no.
-    This stands in for R-Search's frozen evidence answerer on the synthetic world.
-    """
-    facts = read_facts(evidence)
-    value = {(s, r): o for s, r, o in facts}
-    question = question.strip()
-    for (relation, first), pattern in _ORDER:
-        if match := pattern.match(question):
-            a, b = match["a"], match["b"]
-            if (a, relation) not in value or (b, relation) not in value:
-                return ""
-            ya, yb = _year(value[a, relation]), _year(value[b, relation])
-            if ya is None or yb is None or ya == yb:
-                return ""
-            return a if (ya < yb) == (first == 0) else b
-    for relation, pattern in _SAME:
-        if match := pattern.match(question):
-            a, b = match["a"], match["b"]
-            if (a, relation) not in value or (b, relation) not in value:
-                return ""
-            return "yes" if value[a, relation] == value[b, relation] else "no"
-    for relation, pattern in _QUESTIONS:
-        if pattern.match(question):
-            found = [o for _, r, o in facts if r == relation]
-            return found[-1] if found else ""
-    return ""
