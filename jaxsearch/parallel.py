@@ -1,9 +1,9 @@
-"""Device mesh, logical-axis rules, and the shardings they give params and batches.
+"""Device mesh, logical-axis rules, and the shardings they give params, batches and activations.
 
-The model annotates every parameter with logical axis names (`qwen2.logical_axes`). Rules map each
-logical name to a mesh axis (or None: replicated). A dimension whose size the mesh axis does not
-divide is replicated instead (e.g. 2 kv heads over a tensor axis of 4), so every rule set works for
-every model size.
+The model annotates every parameter and main activation with logical axis names (`qwen2.logical_axes`,
+`nn.with_logical_constraint`). Rules map each logical name to a mesh axis (or None: replicated), in
+flax's format. A dimension whose size the mesh axis does not divide is replicated instead (e.g. 2 kv
+heads over a tensor axis of 4; `qwen2.fit_rules`), so every rule set works for every model size.
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with params sharded), `tensor`
 (heads / mlp / vocab split inside each matmul).
@@ -11,14 +11,15 @@ Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with params sharde
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxsearch.models import qwen2
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -68,26 +69,11 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
 
     A mesh axis is used at most once per array, and only where it divides the dimension.
     """
-    table = dict(rules)
-    used: set[str] = set()
-    spec = []
-    for name, dim in zip(axes, shape):
-        target = table.get(name) if name is not None else None
-        names = (target,) if isinstance(target, str) else tuple(target or ())
-        names = tuple(n for n in names if n not in used and mesh.shape[n] > 1)
-        size = int(np.prod([mesh.shape[n] for n in names])) if names else 1
-        if not names or dim % size:
-            spec.append(None)
-            continue
-        used.update(names)
-        spec.append(names[0] if len(names) == 1 else names)
-    return P(*spec)
+    return nn.logical_to_mesh_axes(tuple(axes), qwen2.fit_rules(axes, shape, mesh.shape, rules))
 
 
 def param_shardings(config, mesh: Mesh, rules=DEFAULT_RULES):
     """NamedSharding for every Qwen2 parameter (a pytree shaped like the params)."""
-    from jaxsearch.models import qwen2  # local: parallel has no model dependency otherwise
-
     axes = qwen2.logical_axes(config)
     shapes = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.PRNGKey(0)))
     return jax.tree_util.tree_map(
@@ -98,40 +84,19 @@ def param_shardings(config, mesh: Mesh, rules=DEFAULT_RULES):
     )
 
 
-_ACTIVATIONS = threading.local()  # .value = (mesh, rules) while `activation_sharding` is active
-
-
-@contextlib.contextmanager
-def activation_sharding(mesh: Mesh, rules=DEFAULT_RULES):
-    """While active (at trace time), `constrain` pins the model's annotated activations to `mesh` by
-    `rules`; outside it, `constrain` is the identity (single-device code and tests)."""
-    previous = getattr(_ACTIVATIONS, "value", None)
-    _ACTIVATIONS.value = (mesh, rules)
-    try:
-        yield
-    finally:
-        _ACTIVATIONS.value = previous
-
-
-def constrain(x, axes: Sequence[str | None]):
-    """`x` with a sharding constraint from its logical `axes` under the active `activation_sharding`
-    (with the same divisibility fallback as the params), else `x` unchanged."""
-    active = getattr(_ACTIVATIONS, "value", None)
-    if active is None:
-        return x
-    mesh, rules = active
-    return jax.lax.with_sharding_constraint(
-        x, NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules))
-    )
-
-
 def with_activation_sharding(fn, mesh: Mesh, rules=DEFAULT_RULES):
-    """`fn` traced under `activation_sharding(mesh, rules)`: wrap a function before `jax.jit`, so the
-    activations inside every layer stay sharded along the batch instead of being left to propagation."""
+    """`fn` traced under flax's `nn.logical_axis_rules(rules)` and jax's mesh context for `mesh`: wrap a
+    function before `jax.jit`, so the activations the model annotates stay sharded along the batch
+    instead of being left to propagation.
+
+    Inside `jax.jit` a mesh is abstract (`jax.set_mesh` is for outside it), so this enters
+    `jax.sharding.use_abstract_mesh`; the devices come from the jitted function's input shardings, as
+    they do in the train step, the sampler and the planner (host inputs without shardings run on one
+    device, where every constraint is trivial)."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        with activation_sharding(mesh, rules):
+        with nn.logical_axis_rules(rules), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             return fn(*args, **kwargs)
 
     return wrapped

@@ -203,10 +203,25 @@ def test_scanned_layers_equal_the_unrolled_loop(tiny, remat):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def _constraints(f, *args):
+    """{shape: spec} of every sharding constraint in f's jaxpr, nested ones included."""
+    found = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "sharding_constraint":
+                found[tuple(eqn.invars[0].aval.shape)] = eqn.params["sharding"].spec
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(f)(*args).jaxpr)
+    return found
+
+
 def test_activation_constraints_shard_the_layers_along_the_batch():
-    """Under `parallel.activation_sharding` the MLP activation [B, T, F] is constrained to the rules'
-    spec (batch over data x fsdp, mlp over tensor), the output equals the unconstrained one, and outside
-    the context the model adds no constraint at all."""
+    """Under `parallel.with_activation_sharding` (flax's logical-axis rules and jax's mesh context) the
+    MLP activation [B, T, F] is constrained to the rules' spec (batch over data x fsdp, mlp over tensor),
+    the output equals the unconstrained one, and outside the context the model adds no constraint at all."""
     from jaxsearch import parallel
 
     config = qwen2.Qwen2Config(
@@ -220,31 +235,55 @@ def test_activation_constraints_shard_the_layers_along_the_batch():
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
     ids = np.arange(8 * 6, dtype=np.int32).reshape(8, 6) % 32
     mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    fn = lambda p, x: qwen2.forward(config, p, x)
 
-    def constraints(f):  # {shape: spec} of every sharding constraint in f's jaxpr, nested ones included
-        found = {}
+    def fn(p, x):
+        return qwen2.forward(config, p, x)
 
-        def walk(jaxpr):
-            for eqn in jaxpr.eqns:
-                if eqn.primitive.name == "sharding_constraint":
-                    found[tuple(eqn.invars[0].aval.shape)] = eqn.params["sharding"].spec
-                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                    walk(sub)
-
-        walk(jax.make_jaxpr(f)(params, ids).jaxpr)
-        return found
-
-    assert constraints(fn) == {}
-    found = constraints(parallel.with_activation_sharding(fn, mesh))
+    assert _constraints(fn, params, ids) == {}
+    found = _constraints(parallel.with_activation_sharding(fn, mesh), params, ids)
     P = jax.sharding.PartitionSpec
     assert found[(8, 6, 24)] == P(("data", "fsdp"), None, "tensor")  # MLP hidden: batch and mlp split
     assert found[(8, 6, 16)] == P(("data", "fsdp"), None, None)  # residual: embed's fsdp is taken by batch
     assert found[(8, 6, 4, 4)] == P(("data", "fsdp"), None, "tensor", None)  # q: heads over tensor
-    sharded = jax.jit(parallel.with_activation_sharding(fn, mesh))
-    np.testing.assert_allclose(
-        np.asarray(sharded(params, ids)), np.asarray(jax.jit(fn)(params, ids)), atol=1e-6
+    # inside jit the mesh is abstract: the devices come from the inputs, here placed on the mesh
+    sharded_params = jax.device_put(params, parallel.param_shardings(config, mesh))
+    sharded_ids = jax.device_put(ids, parallel.batch_sharding(mesh))
+    out = jax.jit(parallel.with_activation_sharding(fn, mesh))(sharded_params, sharded_ids)
+    assert out.sharding.mesh.devices.size == 8
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(fn)(params, ids)), atol=1e-6)
+
+
+def test_activation_constraints_replicate_what_the_mesh_does_not_divide_and_follow_the_standard_context():
+    """2 kv heads over a tensor axis of 4 stay replicated (4 q heads split); a batch of 2 over fsdp 2 splits.
+    The plain flax / jax context (`jax.set_mesh` + `nn.logical_axis_rules`) gives the same constraints
+    as `parallel.with_activation_sharding`."""
+    import flax.linen as nn
+
+    from jaxsearch import parallel
+
+    config = qwen2.Qwen2Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=24,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
     )
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    ids = np.arange(2 * 6, dtype=np.int32).reshape(2, 6) % 32
+    mesh = parallel.make_mesh({"fsdp": 2, "tensor": 4})
+
+    def fn(p, x):
+        return qwen2.forward(config, p, x)
+
+    found = _constraints(parallel.with_activation_sharding(fn, mesh), params, ids)
+    P = jax.sharding.PartitionSpec
+    assert found[(2, 6, 4, 4)] == P("fsdp", None, "tensor", None)  # q: 4 heads over tensor 4
+    assert found[(2, 6, 2, 4)] == P("fsdp", None, None, None)  # k, v: 2 kv heads replicated
+    assert found[(2, 6, 24)] == P("fsdp", None, "tensor")
+    with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.DEFAULT_RULES):
+        assert _constraints(fn, params, ids) == found
+    assert _constraints(fn, params, ids) == {}
 
 
 def test_every_param_has_logical_axes():

@@ -1,8 +1,8 @@
 """Qwen2 / Qwen2.5 decoder in Flax linen, with pure functions over a params pytree.
 
 One file holds the whole model: config and presets, modules with logical-axis annotations on every
-parameter and main activation (see `jaxsearch.parallel` for the rules that map them to a mesh), and
-the pure entry points the rest of jaxsearch calls:
+parameter and main activation (flax's logical-axis rules map them to a mesh: `jaxsearch.parallel` holds
+the rules and enters them), and the pure entry points the rest of jaxsearch calls:
 
     params = init_params(config, rng)
     logits = forward(config, params, input_ids, attention_mask)            # [B, T] -> [B, T, V]
@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from jaxsearch import parallel
 
 Params = Any  # a nested dict of arrays
 _NEG = -1e30  # finite "minus infinity" for masked logits: a fully masked (padding) row stays finite
@@ -233,8 +231,40 @@ def _param(module: nn.Module, name: str, shape, axes, init, dtype):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
+def fit_rules(
+    axes: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int], rules
+) -> tuple[tuple[str, Any], ...]:
+    """Logical-axis `rules` (name -> mesh axis, a tuple of them, or None) fitted to one array of `shape`
+    with logical `axes`: each named dimension keeps the mesh axes of its rule that are larger than 1 and
+    not taken by an earlier dimension, or gets None (replicated) when none are left or their product does
+    not divide it (e.g. 2 kv heads over a tensor axis of 4), so every rule set works for every model size.
+    `nn.logical_to_mesh_axes(axes, fit_rules(...))` is the array's PartitionSpec."""
+    table = dict(rules)
+    used: set[str] = set()
+    fitted = []
+    for name, dim in zip(axes, shape):
+        if name is None:
+            continue
+        target = table.get(name)
+        names = (target,) if isinstance(target, str) else tuple(target or ())
+        names = tuple(n for n in names if n not in used and mesh_shape[n] > 1)
+        if not names or dim % int(np.prod([mesh_shape[n] for n in names])):
+            fitted.append((name, None))
+            continue
+        used.update(names)
+        fitted.append((name, names[0] if len(names) == 1 else names))
+    return tuple(fitted)
+
+
 def _constrain(x, axes):
-    return parallel.constrain(x, axes)
+    """`nn.with_logical_constraint` of activation `x` by its logical `axes`, under flax's logical-axis
+    rules and jax's (abstract) mesh context (`parallel.with_activation_sharding` enters both), with the
+    rules fitted to x's shape (`fit_rules`). Outside that context (single device, tests): x unchanged."""
+    rules = nn.get_logical_axis_rules()
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return x
+    return nn.with_logical_constraint(x, axes, rules=fit_rules(axes, x.shape, mesh.shape, rules))
 
 
 class RMSNorm(nn.Module):
