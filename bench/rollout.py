@@ -137,7 +137,7 @@ def episode_bench(batch: int = 16, passages: int = 10_000) -> None:
     from jaxsearch.retrieval.bm25 import BM25Retriever
     from jaxsearch.retrieval.corpus import Corpus
     from jaxsearch.rl.sft import train_tiny_searcher
-    from jaxsearch.agent import episode
+    from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
     from jaxsearch.agent.protocols import get_protocol
 
     config, params, tok, world, _ = train_tiny_searcher()
@@ -163,11 +163,12 @@ def episode_bench(batch: int = 16, passages: int = 10_000) -> None:
             prompt_buckets=[192],
             chunk_buckets=[160],
         )
-        cfg = episode.EpisodeConfig(max_turns=4, retrieval_k=3, max_segment_tokens=48, max_obs_tokens=150)
+        limits = EpisodeConfig(max_turns=4, retrieval_k=3, max_segment_tokens=48, max_obs_tokens=150)
+        engine = AgentEngine(tok, protocol, retriever, smp, limits)
         questions = [q.question for q in world.questions["train"][:batch]]
-        episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg, seed=0)  # warm-up
+        engine.rollout(params, questions, 0)  # warm-up
         t0 = time.perf_counter()
-        traj = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg, seed=1)
+        traj = engine.rollout(params, questions, 1)
         wall = time.perf_counter() - t0
     print(
         json.dumps(

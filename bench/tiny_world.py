@@ -51,15 +51,21 @@ def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
     return seconds
 
 
+def rl_dir(workdir: str) -> str:
+    """The RL stage's directory: ppo/ for a PPO run, else grpo/."""
+    ppo = os.path.join(workdir, "ppo")
+    return ppo if os.path.isdir(ppo) else os.path.join(workdir, "grpo")
+
+
 def finished(workdir: str) -> bool:
-    """The RL stage reached its last step: the trainer exports `grpo/params` only then (a crashed or
-    stopped run keeps its checkpoints and evaluations so far, and is resumed instead)."""
-    return os.path.exists(os.path.join(workdir, "grpo", "params"))
+    """The RL stage reached its last step: the trainer exports `params/` only then (a crashed or stopped
+    run keeps its checkpoints and evaluations so far, and is resumed instead)."""
+    return os.path.exists(os.path.join(rl_dir(workdir), "params"))
 
 
 def evaluations(workdir: str) -> list[dict]:
     """The RL stage's rows that hold an evaluation, in step order."""
-    path = os.path.join(workdir, "grpo", "metrics.jsonl")
+    path = os.path.join(rl_dir(workdir), "metrics.jsonl")
     if not os.path.exists(path):
         return []
     with open(path) as f:

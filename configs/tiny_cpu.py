@@ -56,7 +56,7 @@ def get_config():
     c.algo.update(dict(kl_coef=0.001, mini_batches=1, micro_batches=1, pad_multiple=128))
     c.optim.update(dict(lr=2e-4, warmup_ratio=0.0))
     c.reward.terms = (("em", 1.0),)
-    c.judge.kind = "world"  # the rule-based fabrication judge (pipeline.WorldChatModel) at evaluation
+    c.judge.kind = "world"  # the rule-based fabrication judge (world.oracle.WorldChatModel) at evaluation
     c.total_steps = 40
     c.eval_every = 20
     c.save_every = 20

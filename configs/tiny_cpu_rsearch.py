@@ -1,6 +1,6 @@
 """R-Search (seed 002) on the tiny world: `<evidence>` before `<answer>`; reward = answer F1 + evidence F1 +
 format (0.2 + 0.2) as in configs/rsearch_7b.py. The frozen evidence answerer is a rule-based reader of the
-world's sentence templates (`synthetic.read_answer` behind `pipeline.WorldChatModel`): another "family" than
+world's sentence templates (`world.oracle.read_answer` behind `world.oracle.WorldChatModel`): another "family" than
 the policy, and it answers from the evidence alone.
 
     python launch/train.py --config configs/tiny_cpu_rsearch.py

@@ -1,6 +1,6 @@
 """SOAR (seed 001) on the tiny world: an internal-knowledge stream (the policy lists facts from its own
 knowledge) beside retrieval, a declared `<information_source>`, EM + 0.2 source-consistency reward as in
-configs/soar_7b.py; the fabrication judge is tiny_cpu's rule-based one (`pipeline.WorldChatModel`).
+configs/soar_7b.py; the fabrication judge is tiny_cpu's rule-based one (`world.oracle.WorldChatModel`).
 
     python launch/train.py --config configs/tiny_cpu_soar.py
 """

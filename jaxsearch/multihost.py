@@ -47,3 +47,20 @@ def sync(name: str) -> None:
     """A barrier over all processes (nothing with one process). `name` must be the same on all."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def init_distributed(d) -> None:
+    """Multi-host from config.distributed: explicit coordinator / num_processes / process_id, or the
+    environment (TPU pods, SLURM) when it says there are several processes."""
+    import os
+
+    # CPU devices of several processes talk through gloo (no effect on GPU / TPU collectives)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if d.coordinator:
+        jax.distributed.initialize(d.coordinator, d.num_processes, d.process_id)
+    elif (
+        os.environ.get("JAX_COORDINATOR_ADDRESS")
+        or os.environ.get("SLURM_NTASKS", "1") != "1"
+        or os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0
+    ):
+        jax.distributed.initialize()

@@ -17,7 +17,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsearch import parallel
+from jaxsearch.agent import sampler as sampler_lib
+from jaxsearch.config import RunConfig
 from jaxsearch.models import qwen2
+from jaxsearch.models.policy import model_config
+from jaxsearch.rl import algorithms
 from jaxsearch.rl import train_step as ts
 
 GB = 1e9
@@ -153,24 +157,14 @@ def abstract_state(params, optimizer) -> ts.TrainState:
 
 
 def abstract_batch(mesh, rows: int, width: int, ppo: bool, critic: bool = False) -> dict:
-    """One mini-batch as the trainer builds it: [rows, width] arrays sharded over the data axes."""
-
-    def two(dtype):
-        return jax.ShapeDtypeStruct((rows, width), dtype, sharding=parallel.batch_sharding(mesh, 2))
-
-    batch = dict(
-        tokens=two(jnp.int32),
-        attention_mask=two(jnp.int32),
-        loss_mask=two(jnp.int32),
-        advantages=two(jnp.float32)
-        if ppo
-        else jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=parallel.batch_sharding(mesh, 1)),
-        old_logprobs=two(jnp.float32),
-        ref_logprobs=two(jnp.float32),
+    """One update batch as the algorithm builds it (`algorithms.example_batch`), abstract and sharded over the
+    data axes as the jitted update takes it."""
+    example = algorithms.example_batch(rows, width, ppo, critic)
+    return jax.tree_util.tree_map(
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        example,
+        ts.batch_shardings(mesh, example),
     )
-    if critic:
-        batch.update(old_values=two(jnp.float32), returns=two(jnp.float32))
-    return batch
 
 
 def memory(compiled) -> dict:
@@ -202,12 +196,9 @@ def largest_arrays(hlo_text: str, n: int = 5) -> list[tuple[str, int]]:
     return sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
 
 
-def compile_fn(fn, args, in_shardings, out_shardings, donate_argnums) -> tuple[dict, float]:
-    """AOT-compile `fn` on abstract `args`; (memory analysis + largest arrays, compile seconds)."""
+def compile_fn(jitted, *args) -> tuple[dict, float]:
+    """AOT-compile the jitted function on abstract `args`; (memory analysis + largest arrays, compile s)."""
     start = time.perf_counter()
-    jitted = jax.jit(
-        fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
-    )
     lowered = jitted.lower(*args)
     try:
         compiled = lowered.compile()
@@ -235,13 +226,10 @@ def _shardings(tree):
 
 
 def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
-    s_shard = _shardings(state)
+    """The trainer's update (`train_step.jit_train_step`) compiled on the abstract state and batch."""
     mesh = _mesh_of(state.params)
-    fn = functools.partial(
-        ts.train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=s_shard.params
-    )
-    fn = parallel.with_activation_sharding(fn, mesh)
-    return compile_fn(fn, (state, batch), (s_shard, _shardings(batch)), (s_shard, None), (0,))
+    jitted = ts.jit_train_step(loss_fn, agg_mode, micro_batches, optimizer, mesh, _shardings(state), _shardings(batch))
+    return compile_fn(jitted, state, batch)
 
 
 def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) -> dict:
@@ -259,18 +247,25 @@ def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) 
     }
 
 
-def plan_decode_step(config: qwen2.Qwen2Config, params, cache) -> tuple[dict, float]:
-    """One `qwen2.decode_step` over the whole cache (the cache donated, as the sampler does)."""
+def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dict, float]:
+    """The sampler's decode (`sampler.jit_decode`: a segment of up to max_segment_tokens steps over the
+    whole cache, the state donated) compiled on the abstract params and cache."""
+    mesh = _mesh_of(params)
     lengths = cache["lengths"]
-    token = jax.ShapeDtypeStruct(lengths.shape, jnp.int32, sharding=lengths.sharding)
-
-    def fn(p, c, t):
-        return qwen2.decode_step(config, p, c, t)
-
-    c_shard = _shardings(cache)
-    return compile_fn(
-        fn, (params, cache, token), (_shardings(params), c_shard, token.sharding), (None, c_shard), (1,)
+    rows = lengths.shape[0]
+    logits = jax.ShapeDtypeStruct((rows, config.vocab_size), jnp.float32, sharding=parallel.batch_sharding(mesh, 2))
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
+    keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P()))
+    state = sampler_lib.DecodeState(cache=cache, logits=logits, keys=keys)
+    budget = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=lengths.sharding)
+    vocab = config.vocab_size
+    table = sampler_lib.StopTable.from_arrays(
+        np.zeros((vocab, sampler_lib.MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], [0]
     )
+    r = cfg.rollout
+    sampling = sampler_lib.SamplingParams(r.temperature, r.top_p, r.top_k)
+    jitted = sampler_lib.jit_decode(mesh)
+    return compile_fn(jitted, config, params, state, budget, table, sampling, r.max_segment_tokens)
 
 
 def plan(
@@ -278,29 +273,24 @@ def plan(
 ) -> dict:
     """The memory plan of config `cfg` on a mesh of `mesh_shape` (bytes per device), compiled by the
     `backend`'s XLA compiler (see `plan_devices`)."""
-    from jaxsearch.rl import trainer  # local: pulls in the host-side stack
-
-    config = trainer.model_config(cfg)
+    cfg = RunConfig.from_dict(cfg)
+    config = model_config(cfg.model)
     mesh = parallel.make_mesh(mesh_shape, plan_devices(mesh_size(mesh_shape), backend))
     ppo = cfg.algo.advantage == "gae"
     rows = cfg.data.batch_size * cfg.data.group_size
-    if rows % cfg.algo.mini_batches:
-        raise ValueError(f"{rows} rows do not split into algo.mini_batches={cfg.algo.mini_batches}")
-    mb, width = rows // cfg.algo.mini_batches, cfg.rollout.cache_len
+    mb, width = algorithms.mini_batch_rows(cfg), cfg.rollout.cache_len
 
     params = abstract_params(config, mesh)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-    optimizer = ts.make_optimizer(
-        cfg.optim.lr, cfg.total_steps, 0, cfg.optim.schedule, cfg.optim.weight_decay
-    )
-    state = abstract_state(params, optimizer)
-    loss_cfg = trainer.loss_config(cfg)
+    optimizers = algorithms.optimizers(cfg)  # the run's: warmup, schedule, clipping
+    state = abstract_state(params, optimizers["policy"])
+    loss_cfg = algorithms.loss_config(cfg)
     batch = abstract_batch(mesh, mb, width, ppo)
     train, train_s = plan_train_step(
         ts.policy_loss_fn(config, loss_cfg),
         cfg.algo.agg_mode,
         cfg.algo.micro_batches,
-        optimizer,
+        optimizers["policy"],
         state,
         batch,
     )
@@ -310,11 +300,11 @@ def plan(
     critic = None
     if ppo:
         c_params = abstract_critic(config, params)
-        c_state = abstract_state(c_params, optimizer)
+        c_state = abstract_state(c_params, optimizers["critic"])
         c_batch = abstract_batch(mesh, mb, width, ppo, critic=True)
         c_loss = functools.partial(ts.critic_loss, config, cfg.critic.clip_eps, cfg.algo.agg_mode)
         c_mem, c_s = plan_train_step(
-            c_loss, cfg.algo.agg_mode, cfg.algo.micro_batches, optimizer, c_state, c_batch
+            c_loss, cfg.algo.agg_mode, cfg.algo.micro_batches, optimizers["critic"], c_state, c_batch
         )
         critic = dict(memory=c_mem, compile_s=c_s)
         resident["critic_state"] = device_bytes(c_state)
@@ -323,7 +313,7 @@ def plan(
 
     roll_rows = cfg.rollout.micro_batch or rows
     cache = abstract_cache(config, mesh, roll_rows, width)
-    decode, decode_s = plan_decode_step(config, params, cache)
+    decode, decode_s = plan_decode_step(config, params, cache, cfg)
     kv = device_bytes(cache)
 
     # phases: the update (policy state in the step, the reference / critic resident beside it) and the
@@ -445,9 +435,8 @@ def step_time_estimate(
               all-gathering the bf16 weights (the sampler keeps them fsdp-sharded), reading the KV cache and
               weights from HBM, and its FLOPs
     """
-    from jaxsearch.rl import trainer  # local: pulls in the host-side stack
-
-    config = trainer.model_config(cfg)
+    cfg = RunConfig.from_dict(cfg)
+    config = model_config(cfg.model)
     hw = HARDWARE[hardware]
     n = config.num_params()
     rows = cfg.data.batch_size * cfg.data.group_size

@@ -227,17 +227,20 @@ def load_datasets(paths: dict[str, str], limit: int, sample: str = "first", seed
 def run(args, datasets, progress: bool) -> dict:
     """Load the policy, retriever(s), encoder and judge, then evaluate the missing examples."""
     from jaxsearch import parallel
+    from jaxsearch.agent.build import build_engine
+    from jaxsearch.config import RunConfig
     from jaxsearch.eval import evaluate as ev
+    from jaxsearch.models.policy import load_policy
     from jaxsearch.retrieval.corpus import Corpus
-    from jaxsearch.rl import trainer
+    from jaxsearch.rl.judge import judge_from_config
 
-    cfg = make_config(args)
+    cfg = RunConfig.from_dict(make_config(args))
     mesh = parallel.make_mesh(dict(cfg.mesh))
-    config, params = trainer.load_policy(cfg, mesh)
-    setup = trainer.make_setup(cfg, mesh, config)
+    config, params = load_policy(cfg.model, cfg.seed, mesh)
+    engine = build_engine(cfg, config, mesh, evaluation=True)
     gold_corpus, encoder = None, None
     if args.rs_encoder != "none" and any(ex.supporting_ids for exs in datasets.values() for ex in exs):
-        gold_corpus = getattr(setup.retriever, "corpus", None)
+        gold_corpus = getattr(engine.retriever, "corpus", None)
         if gold_corpus is None and args.corpus:
             gold_corpus = Corpus(args.corpus, progress=progress)
         if gold_corpus is not None:
@@ -245,7 +248,7 @@ def run(args, datasets, progress: bool) -> dict:
 
             encoder = Encoder(args.rs_encoder)
     return ev.evaluate(
-        setup,
+        engine,
         params,
         datasets,
         args.out,
@@ -256,6 +259,7 @@ def run(args, datasets, progress: bool) -> dict:
         include_initial=not args.exclude_p0,
         progress=progress,
         use_data_prompt=not args.builtin_prompt,
+        judge=judge_from_config(cfg),
     )
 
 

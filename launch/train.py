@@ -24,20 +24,22 @@ def main(argv):
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-    from jaxsearch.rl import pipeline, trainer
+    from jaxsearch import multihost
+    from jaxsearch.rl import pipeline
 
     cfg = flags.FLAGS.config
     if cfg is None:
         raise app.UsageError("--config is required, e.g. --config configs/tiny_cpu.py")
-    trainer.init_distributed(cfg)
+    multihost.init_distributed(cfg.distributed)
     name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
     workdir = flags.FLAGS.workdir or os.path.join("runs", name)
     pipeline.run(cfg, workdir, progress=flags.FLAGS.progress)
-    metrics = os.path.join(workdir, "grpo", "metrics.jsonl")
+    stage = os.path.join(workdir, pipeline.rl_stage(cfg))
+    metrics = os.path.join(stage, "metrics.jsonl")
     print(f"done: {workdir}")
     print(pipeline.eval_summary(metrics))
     print(
-        f"metrics: {metrics} (TensorBoard: {os.path.join(workdir, 'grpo', 'tb')}); "
+        f"metrics: {metrics} (TensorBoard: {os.path.join(stage, 'tb')}); "
         f"plots: notebooks/entropy_curves.ipynb with JAXSEARCH_RUNS='{{\"run\": \"{workdir}\"}}'"
     )
 

@@ -2,7 +2,7 @@
 
 A run directory is what `python launch/train.py --workdir RUN` writes:
 
-    RUN/grpo/metrics.jsonl   one JSON object per logged RL step ({"step": 3, "reward": ..., "eval/synthetic/em": ...})
+    RUN/grpo/metrics.jsonl   one JSON object per logged RL step (RUN/ppo/ for PPO; stage "rl" here) ({"step": 3, "reward": ..., "eval/synthetic/em": ...})
     RUN/sft/metrics.jsonl    the warm start ({"step": 1, "sft/loss": ...})
 
 and, optionally, per-example evaluation files (`<out>/<dataset>.jsonl`, one object per question with
@@ -18,11 +18,13 @@ import warnings
 
 from jaxsearch.agent.segments import SEGMENT_IDS
 
-STAGES = ("grpo", "sft")
+STAGES = ("rl", "sft")
 
 
-def metrics_path(run_dir: str, stage: str = "grpo") -> str:
-    """RUN/<stage>/metrics.jsonl."""
+def metrics_path(run_dir: str, stage: str = "rl") -> str:
+    """RUN/<stage>/metrics.jsonl; the "rl" stage is RUN/ppo/ for a PPO run, else RUN/grpo/."""
+    if stage == "rl":
+        stage = "ppo" if os.path.isdir(os.path.join(run_dir, "ppo")) else "grpo"
     return os.path.join(run_dir, stage, "metrics.jsonl")
 
 

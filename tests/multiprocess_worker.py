@@ -27,7 +27,7 @@ from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.host_split import HostSplitRetriever
 from jaxsearch.rl import advantages
 from jaxsearch.rl import train_step as ts
-from jaxsearch.agent import episode
+from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.protocols import get_protocol
 from test_train_step import CONFIG, make_batch
@@ -87,13 +87,13 @@ def episode_case(mesh) -> dict:
     )
     params = init_params(config, mesh)
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
-    cfg = episode.EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
+    limits = EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
     out = {}
     for name, temperature in (("sampled", 1.0), ("greedy", 0.0)):
         smp = S.Sampler(
             config, table, cache_len=512, max_segment=12, sampling=S.SamplingParams(temperature), mesh=mesh
         )
-        traj = episode.run_episodes(smp, params, tok, protocol, retriever, QUESTIONS, cfg, seed=1)
+        traj = AgentEngine(tok, protocol, retriever, smp, limits).rollout(params, QUESTIONS, 1)
         for key in ("tokens", "loss_mask", "logprobs", "turns"):
             out[f"episode/{name}/{key}"] = getattr(traj, key)
     return out

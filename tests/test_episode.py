@@ -10,7 +10,9 @@ from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.bm25 import BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
-from jaxsearch.agent import episode
+from jaxsearch.agent import engine as engine_lib
+from jaxsearch.agent.engine import AgentEngine, EpisodeConfig, text_generator
+from jaxsearch.agent.trajectories import concat
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.protocols import get_protocol
 
@@ -68,8 +70,8 @@ def test_random_policy_episode_masks_and_limits(world, name):
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
     smp = S.Sampler(config, table, cache_len=1024, max_segment=12, sampling=S.SamplingParams(1.0))
     questions = [q.question for q in w.questions["dev"][:3]]
-    cfg = episode.EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
-    traj = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg, seed=1)
+    cfg = EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
+    traj = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 1)
     for b in range(3):
         prompt = tok.decode(traj.tokens[b, : traj.prompt_lengths[b]].tolist())
         if name == "eka":  # P0: the top-2 passages for the raw question, before the first think
@@ -117,8 +119,8 @@ def test_searcher_episodes_mask_observations_and_match_a_fresh_forward(searcher)
     protocol = get_protocol("search_r1")
     smp = _searcher_sampler(config, tok, protocol, temperature=1.0)
     questions = [q.question for q in world.questions["test"][:8]]
-    cfg = episode.EpisodeConfig(max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
-    traj = episode.run_episodes(smp, params, tok, protocol, retriever, questions, cfg, seed=3)
+    cfg = EpisodeConfig(max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    traj = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 3)
     assert traj.searches.mean() >= 1  # it really searches
     for b in range(len(questions)):
         runs = _spans(traj, b)
@@ -155,10 +157,10 @@ def _greedy_run(searcher):
     config, params, tok, world, retriever = searcher
     protocol = get_protocol("search_r1")
     smp = _searcher_sampler(config, tok, protocol)
-    cfg = episode.EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    cfg = EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
 
     def run(qs):
-        return episode.run_episodes(smp, params, tok, protocol, retriever, qs, cfg)
+        return AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, qs, 0)
 
     questions = [q.question for q in world.questions["test"][8:12]]
     return smp, run, questions, run(questions)
@@ -178,12 +180,11 @@ def test_rows_do_not_disturb_each_other_and_nothing_recompiles(searcher):
 
 def test_micro_batched_rollout_concatenates_to_the_one_call_rollout(searcher):
     """The trainer's `rollout.micro_batch` path: greedy episodes run in two calls and joined by
-    concat_trajectories equal the same episodes run in one call, field by field."""
-    from jaxsearch.rl.trainer import concat_trajectories
+    `trajectories.concat` equal the same episodes run in one call, field by field."""
 
     _, run, questions, together = _greedy_run(searcher)
     halves = [run(questions[:2]), run(questions[2:])]
-    joined = concat_trajectories(halves)
+    joined = concat(halves)
     assert joined.tokens.shape == together.tokens.shape
     for name in (
         "tokens",
@@ -204,7 +205,7 @@ def test_micro_batched_rollout_concatenates_to_the_one_call_rollout(searcher):
         assert v == pytest.approx(halves[0].timings[k] + halves[1].timings[k])
 
 
-def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
+def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher, monkeypatch):
     config, params, tok, world, retriever = searcher
     protocol = get_protocol("soar")
     smp = _searcher_sampler(config, tok, protocol, prompt_bucket=384)
@@ -214,18 +215,24 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
     )
     generated = []
 
-    def internal(messages):  # the policy's own generation, recorded for the check below
-        out = episode.text_generator(internal_smp, params, tok)(messages)
-        generated.extend(out)
-        return out
+    def recording(*args, **kwargs):  # the policy's own generation, recorded for the check below
+        generate = text_generator(*args, **kwargs)
 
-    cfg = episode.EpisodeConfig(
+        def wrapped(messages, call=0):
+            out = generate(messages, call)
+            generated.extend(out)
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(engine_lib, "text_generator", recording)
+
+    cfg = EpisodeConfig(
         max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=400, internal_k=3
     )
     questions = [q.question for q in world.questions["test"][:4]]
-    traj = episode.run_episodes(
-        smp, params, tok, protocol, retriever, questions, cfg, internal_generate=internal
-    )
+    engine = AgentEngine(tok, protocol, retriever, smp, cfg, internal_sampler=internal_smp)
+    traj = engine.rollout(params, questions, 0)
     n_obs = sum(len(o) for o in traj.observations)
     assert n_obs > 0 and len(generated) == n_obs
     for b in range(len(questions)):
@@ -250,7 +257,7 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher):
             external = external.replace(obs, f"\n\n<information>{passages}</information>\n\n", 1)
         assert traj.external_responses[b] == external and "Internal information:" not in external
     # what the rewards see: E_int and E_ext as separate streams, the judge's view without E_int
-    from jaxsearch.rl.trainer import reward_inputs
+    from jaxsearch.rl.rewards import reward_inputs
 
     for b, sample in enumerate(reward_inputs(traj, world.questions["test"][:4])):
         assert sample.external_knowledge == "\n".join(traj.retrieved[b])

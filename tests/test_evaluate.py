@@ -291,11 +291,11 @@ def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
         [str(a) for a in common_args(tiny)]
         + ["--datasets", f"tiny={tiny['dir'] / 'test.jsonl'}", "--out", "x"]
     )
-    from jaxsearch.rl import trainer
+    from jaxsearch.agent.build import build_engine
 
     cfg = launch.make_config(args)
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    setup = trainer.make_setup(cfg, mesh, tiny["config"])
+    setup = build_engine(cfg, tiny["config"], mesh, evaluation=True)
 
     class Counting:
         def __init__(self, inner):
@@ -318,10 +318,10 @@ def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
             return verdicts
 
     counting = Counting(setup.retriever)
-    setup = dataclasses.replace(setup, retriever=counting, initial_retriever=counting, judge=Judge())
+    setup = setup.replace(retriever=counting, initial_retriever=counting)
     examples = qa.load_examples(tiny["dir"] / "test.jsonl")[:6]
     summary = ev.evaluate(
-        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False
+        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False, judge=Judge()
     )
     assert counting.calls > 0
     expected = [None if "spouse" in e.question else float("birthplace" in e.question) for e in examples]
@@ -333,13 +333,15 @@ def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
     before = (tmp_path / "tiny.jsonl").read_bytes()
     counting.calls = 0
     again = ev.evaluate(
-        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False
+        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False, judge=Judge()
     )
     assert counting.calls == 0 and again == summary
     # a crash mid-write: the last line lost its end; the rerun redoes that example only
     lines = before.split(b"\n")[:-1]
     (tmp_path / "tiny.jsonl").write_bytes(b"\n".join(lines[:-1]) + b"\n" + lines[-1][:100])
-    ev.evaluate(setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False)
+    ev.evaluate(
+        setup, tiny["params"], {"tiny": examples}, str(tmp_path), batch_size=8, progress=False, judge=Judge()
+    )
     assert counting.calls > 0
     after = (tmp_path / "tiny.jsonl").read_bytes().split(b"\n")[:-1]
     assert after[:-1] == lines[:-1]
@@ -360,10 +362,10 @@ def _setup(tiny, *extra):
     args = launch.parse_args(
         [str(a) for a in common_args(tiny)] + ["--datasets", f"m={MERGED}", "--out", "x", *extra]
     )
-    from jaxsearch.rl import trainer
+    from jaxsearch.agent.build import build_engine
 
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    return trainer.make_setup(launch.make_config(args), mesh, tiny["config"])
+    return build_engine(launch.make_config(args), tiny["config"], mesh, evaluation=True)
 
 
 def test_merged_search_r1_test_set_per_data_source(tiny, tmp_path):

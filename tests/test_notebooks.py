@@ -152,7 +152,7 @@ def test_loader_matches_json(two_runs):
                     assert columns[key][i] == row.get(key), (path, row["step"], key)
             for key in ("entropy/think", "turns", "eval/synthetic/em", "sft/loss"):
                 assert runs.series(columns, key) == _direct_series(path, key)
-    grpo = runs.load_run(two_runs["eka"])["grpo"]
+    grpo = runs.load_run(two_runs["eka"])["rl"]
     assert runs.eval_datasets(grpo, "em") == ["synthetic"]
     assert runs.series(grpo, "no/such/key") == ([], [])
     assert not runs.has(grpo, "no/such/key")
@@ -186,7 +186,7 @@ def test_notebook_plots_the_logged_values(two_runs, tmp_path, monkeypatch):
         assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n", name
 
     plotted = json.loads((out / "plotted_series.json").read_text())
-    grpo = {name: runs.metrics_path(d, "grpo") for name, d in two_runs.items()}
+    grpo = {name: runs.metrics_path(d, "rl") for name, d in two_runs.items()}
     checks = [  # (png, panel, line label, metrics file, key)
         ("entropy_by_segment.png", "<think> tokens", "baseline", grpo["baseline"], "entropy/think"),
         ("entropy_by_segment.png", "<answer> tokens", "eka", grpo["eka"], "entropy/answer"),
@@ -220,7 +220,7 @@ def test_notebook_skips_missing_keys(two_runs, tmp_path, monkeypatch):
     """A run with no answer tokens, no evaluation and no SFT log yet: notes instead of errors."""
     run = tmp_path / "partial"
     (run / "grpo").mkdir(parents=True)
-    rows = _json_rows(runs.metrics_path(two_runs["baseline"], "grpo"))
+    rows = _json_rows(runs.metrics_path(two_runs["baseline"], "rl"))
     kept = [
         {k: v for k, v in r.items() if k != "entropy/answer" and not k.startswith("eval/")}
         for r in rows

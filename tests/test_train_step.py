@@ -151,7 +151,7 @@ def test_critic_values_see_only_earlier_tokens_and_fit_returns():
 
 
 def test_outcome_token_rewards_sit_on_the_last_policy_token():
-    from jaxsearch.rl.trainer import outcome_token_rewards
+    from jaxsearch.rl.algorithms import outcome_token_rewards
 
     mask = np.array([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
     out = outcome_token_rewards(np.array([2.0, 3.0, -1.0], np.float32), mask)
@@ -161,7 +161,8 @@ def test_outcome_token_rewards_sit_on_the_last_policy_token():
 
 
 def test_update_width_rounds_the_last_attended_column_up():
-    from jaxsearch.rl.trainer import pad_to, update_width
+    from jaxsearch.agent.trajectories import pad_to
+    from jaxsearch.rl.algorithms import update_width
 
     attn = np.zeros((3, 160), np.int32)
     attn[0, :5], attn[1, :130], attn[2, 2:9] = 1, 1, 1  # the longest row ends at column 130

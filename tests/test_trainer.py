@@ -139,21 +139,6 @@ def test_unknown_config_key_is_an_error_naming_it(tmp_path):
     assert "kl_coeff" in done.stderr
 
 
-def test_ppo_with_critic_runs_and_logs_critic_metrics(tmp_path):
-    workdir = str(tmp_path / "ppo")
-    done = _run(
-        workdir,
-        "--config.total_steps=2",
-        "--config.algo.advantage=gae",
-        "--config.algo.kl_in_reward=0.01",
-        "--config.algo.kl_coef=0.0",
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "grpo", "metrics.jsonl"))]
-    last = rows[-1]
-    assert last["step"] == 2 and np.isfinite(last["critic/vf_loss"]) and np.isfinite(last["pg_loss"])
-
-
 def test_rerun_with_another_config_keeps_the_earlier_one_and_names_what_changed(tmp_path, caplog):
     import ml_collections
     from jaxsearch.rl.pipeline import record_config

@@ -300,6 +300,13 @@ def default_buckets(limit: int, smallest: int = 16) -> tuple[int, ...]:
     return tuple(out) + (limit,)
 
 
+def jit_decode(mesh: jax.sharding.Mesh | None = None):
+    """`decode_segment` jitted as `Sampler.decode` runs it (under the mesh's activation sharding, the
+    DecodeState donated; config, sampling and max_new static): `launch/plan.py` lowers this same function."""
+    fn = decode_segment if mesh is None else parallel.with_activation_sharding(decode_segment, mesh)
+    return jax.jit(fn, static_argnums=(0, 5, 6), donate_argnums=(2,))
+
+
 class Sampler:
     """Holds the jitted prefill / decode / append functions for one config, cache size and stop table."""
 
@@ -325,7 +332,7 @@ class Sampler:
         shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
         self._prefill = jax.jit(shard(qwen2.prefill), static_argnums=(0, 4))
         self._extend = jax.jit(shard(qwen2.extend), static_argnums=(0,), donate_argnums=(2,))
-        self._decode = jax.jit(shard(decode_segment), static_argnums=(0, 5, 6), donate_argnums=(2,))
+        self._decode = jit_decode(mesh)
 
     def _rows(self, x: np.ndarray):
         """Host rows [B, ...] as a global array split over the mesh's data axes (as is without a mesh)."""

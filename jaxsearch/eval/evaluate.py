@@ -1,8 +1,8 @@
 """Evaluation of a search agent on QA datasets: episodes -> one record per example -> a summary per dataset.
 
-    setup = trainer.make_setup(cfg, mesh, config)            # protocol, retriever, samplers, judge
-    summary = evaluate(setup, params, {"nq": examples}, out_dir, batch_size=64, gold_corpus=corpus,
-                       rs_encoder=Encoder("minilm"))
+    engine = agent.build.build_engine(cfg, model_config, mesh, evaluation=True)   # or an AgentEngine
+    summary = evaluate(engine, params, {"nq": examples}, out_dir, batch_size=64, gold_corpus=corpus,
+                       rs_encoder=Encoder("minilm"), judge=judge)
 
 Files in `out_dir`:
 
@@ -31,7 +31,7 @@ Metrics per example (`record["metrics"]`):
     rs              R-S (`retrieval_similarity`): the gold passages (`supporting_ids` looked up in
                     `gold_corpus`) against every distinct retrieved passage (P0 as for recall); None without
                     supporting ids, without retrieved passages, or without gold_corpus / rs_encoder
-    fabrication     SOAR's judge (`setup.judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
+    fabrication     SOAR's judge (`judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
                     or no judge
 
 Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, rs and
@@ -44,14 +44,16 @@ average row is the mean over datasets of each metric (skipping None) and the tot
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
+from jaxsearch.agent import segments
+from jaxsearch.agent.engine import AgentEngine
 from jaxsearch.data import qa
 from jaxsearch.data.qa import QAExample
 from jaxsearch.eval import metrics as qa_metrics
@@ -60,8 +62,6 @@ from jaxsearch.files import atomic_write_text
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.metrics import recall_at_k
 from jaxsearch.rl import rewards as rewards_lib
-from jaxsearch.rl import trainer
-from jaxsearch.agent import segments
 
 MEAN_METRICS = ("em", "f1", "sub_em", "recall", "turns", "searches", "finish_ratio", "truncated")
 TABLE_COLUMNS = (  # (summary key, header)
@@ -82,25 +82,6 @@ TABLE_COLUMNS = (  # (summary key, header)
 
 class EvalError(ValueError):
     """An output directory or input that cannot be used; the message names the file (and line)."""
-
-
-class RecordingRetriever:
-    """Wraps a retriever and keeps what it returned: `docs` by id, `results` per query in call order."""
-
-    def __init__(self, retriever):
-        self.retriever = retriever
-        self.docs: dict[str, Doc] = {}
-        self.results: list[list[Doc]] = []
-
-    def search(self, queries: list[str], k: int) -> list[list[Doc]]:
-        results = self.retriever.search(queries, k)
-        for docs in results:
-            self.docs.update((d.id, d) for d in docs)
-        self.results.extend(results)
-        return results
-
-    def reset(self) -> None:
-        self.docs, self.results = {}, []
 
 
 # ------------------------------------------------------------------------------------------- records
@@ -169,35 +150,31 @@ def check_supporting_ids(datasets: dict[str, list[QAExample]], corpus) -> None:
 
 
 def run_batch(
-    setup: trainer.Setup,
+    engine: AgentEngine,
     params,
     examples: Sequence[QAExample],
-    seed: int,
+    key,
     batch_size: int,
+    judge=None,
     gold_corpus=None,
     similarity: RetrievalSimilarity | None = None,
     include_initial: bool = True,
     use_data_prompt: bool = True,
 ) -> list[dict]:
     """Episodes for `examples` (padded to `batch_size` rows with the last question: one compiled shape)
-    -> one record each. `setup.retriever` / `setup.initial_retriever` must be `RecordingRetriever`s."""
+    -> one record each."""
     n = len(examples)
     padded = list(examples) + [examples[-1]] * (batch_size - n)
-    questions = [ex.question for ex in padded]
-    messages = qa.prompt_messages(padded, setup.cfg.protocol.name, use_data_prompt)
-    setup.retriever.reset()
-    setup.initial_retriever.reset()
-    traj = trainer.rollout(setup, params, questions, seed, setup.eval_sampler, setup.episode_cfg, messages)
-    initial = setup.initial_retriever.results[:n] or [[] for _ in range(n)]
+    messages = qa.prompt_messages(padded, engine.protocol.name, use_data_prompt)
+    traj = engine.rollout(params, [ex.question for ex in padded], key, messages)
     fabrication = [None] * n
-    if setup.judge is not None:
-        scores = rewards_lib.judge_fabrication(setup.judge, trainer.reward_inputs(traj, examples))
+    if judge is not None:
+        scores = rewards_lib.judge_fabrication(judge, rewards_lib.reward_inputs(traj, examples))
         fabrication = [None if np.isnan(s) else float(s) for s in scores]
     retrieved, gold, records = [], [], []
     for i, ex in enumerate(examples):
-        searched = [[setup.retriever.docs[d] for d in ids] for ids in traj.doc_ids[i]]
-        p0 = initial[i] if include_initial else []
-        lists = ([p0] if p0 else []) + searched
+        p0 = traj.initial_docs[i] if include_initial else []
+        lists = ([p0] if p0 else []) + traj.docs[i]
         recall = max([recall_at_k(docs, ex.golden_answers, len(docs)) for docs in lists], default=0.0)
         retrieved.append(_unique_contents(lists))
         gold.append([gold_corpus.get(d).contents for d in ex.supporting_ids or ()] if gold_corpus else [])
@@ -222,7 +199,7 @@ def run_batch(
                 "searches": int(traj.searches[i]),
                 "truncated": bool(traj.truncated[i]),
                 "response": traj.responses[i],
-                "initial_doc_ids": [d.id for d in initial[i]],
+                "initial_doc_ids": [d.id for d in traj.initial_docs[i]],
                 "doc_ids": traj.doc_ids[i],
                 "prompt_length": int(traj.prompt_lengths[i]),
                 "tokens": traj.tokens[i, :length].tolist(),
@@ -248,7 +225,7 @@ def _unique_contents(doc_lists: list[list[Doc]]) -> list[str]:
 
 
 def evaluate(
-    setup: trainer.Setup,
+    engine: AgentEngine,
     params,
     datasets: dict[str, list[QAExample]],
     out_dir: str,
@@ -259,10 +236,11 @@ def evaluate(
     include_initial: bool = True,
     progress: bool = True,
     use_data_prompt: bool = True,
+    judge=None,
 ) -> dict:
     """Run the missing examples of every dataset, append their records, write the summary; return it.
 
-    A batch is rolled out with seed `seed + i`, i the dataset index of its first example (greedy decoding
+    A batch is rolled out with key fold_in(key(seed), i), i the dataset index of its first example (greedy decoding
     does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S); rs_encoder: the
     R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S; use_data_prompt:
     the search_r1 protocol prompts with a dataset's own `prompt` where it has one (False: the built-in one).
@@ -270,11 +248,6 @@ def evaluate(
     os.makedirs(out_dir, exist_ok=True)
     if gold_corpus is not None:
         check_supporting_ids(datasets, gold_corpus)
-    setup = dataclasses.replace(
-        setup,
-        retriever=RecordingRetriever(setup.retriever),
-        initial_retriever=RecordingRetriever(setup.initial_retriever),
-    )
     similarity = (
         RetrievalSimilarity(rs_encoder) if rs_encoder is not None and gold_corpus is not None else None
     )
@@ -285,11 +258,12 @@ def evaluate(
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start : start + batch_size]
                 records = run_batch(
-                    setup,
+                    engine,
                     params,
                     [examples[i] for i in chunk],
-                    seed + chunk[0],
+                    jax.random.fold_in(jax.random.key(seed), chunk[0]),
                     batch_size,
+                    judge,
                     gold_corpus,
                     similarity,
                     include_initial,

@@ -34,6 +34,7 @@ from jaxsearch import checkpoint
 from jaxsearch.data.word_tokenizer import WordTokenizer
 from jaxsearch.models import hf_io
 from jaxsearch.models.tokenizer import QwenTokenizer
+from jaxsearch.rl import rewards as rewards_lib
 from jaxsearch.rl.rewards import extract_answer
 from jaxsearch.agent.sampler import Sampler, SamplingParams, StopTable
 
@@ -308,3 +309,57 @@ class ChatEvidenceAnswerer:
         if not self.tagged:
             return [r.strip() for r in replies]
         return [extract_answer(r) or "" for r in replies]
+
+
+# --------------------------------------------------------------------------------------- from a config
+
+
+def chat_model_from_config(mcfg) -> ChatModel:
+    """A judge / evidence model from its config section: kind openai (base_url, model), local (path,
+    tokenizer) or world (the synthetic world's rule-based judge and evidence reader)."""
+    if mcfg.kind == "openai":
+        return make_chat_model("openai", base_url=mcfg.base_url, model=mcfg.model)
+    if mcfg.kind == "local":
+        return make_chat_model(
+            "local", path=mcfg.path, tokenizer=mcfg.tokenizer, cache_len=mcfg.cache_len, max_new_tokens=mcfg.max_new_tokens
+        )
+    if mcfg.kind == "world":
+        from jaxsearch.data.world.oracle import WorldChatModel
+
+        return WorldChatModel()
+    raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai', 'local' or 'world'")
+
+
+def judge_from_config(cfg) -> ChatJudge | None:
+    """SOAR's judge (fabrication, and source consistency by a judge) from config.judge; None without one."""
+    j = cfg.judge
+    if j is None:
+        return None
+    return ChatJudge(chat_model_from_config(j), max_tokens=j.max_new_tokens, temperature=j.temperature)
+
+
+def reward_fn_from_config(cfg) -> rewards_lib.WeightedSum:
+    """config.reward.terms -> one reward function, its terms named as in the config. Names come from the
+    rewards registry, plus the model-backed `evidence` (R-Search, needs config.evidence_model), `grounded`
+    (SOAR's fabrication judge) and `source_consistency_judge` (SOAR's Table 7 check by a judge; both need
+    config.judge)."""
+    terms = []
+    for name, weight in cfg.reward.terms:
+        if name == "evidence":
+            e = cfg.evidence_model
+            if e is None:
+                raise ValueError("config.reward.terms: 'evidence' needs config.evidence_model (kind openai, local or world)")
+            answerer = ChatEvidenceAnswerer(
+                chat_model_from_config(e), max_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p
+            )
+            fn = rewards_lib.evidence_reward(answerer)
+        elif name in ("grounded", "source_consistency_judge"):
+            judge = judge_from_config(cfg)
+            if judge is None:
+                raise ValueError(f"config.reward.terms: {name!r} needs config.judge (kind openai, local or world)")
+            make = rewards_lib.fabrication_reward if name == "grounded" else rewards_lib.source_consistency_judge_reward
+            fn = make(judge)
+        else:
+            fn = rewards_lib.get_reward(name)
+        terms.append((name, fn, float(weight)))
+    return rewards_lib.WeightedSum(tuple(terms))

@@ -2,8 +2,9 @@
 
     WORKDIR/world/   corpus.jsonl, train/dev/test.jsonl, tokenizer.json   (config.world.size set)
     WORKDIR/sft/     metrics.jsonl, params/ (orbax)                       (config.sft.steps > 0)
-    WORKDIR/grpo/    metrics.jsonl, checkpoints/, tb/                     (always; PPO too)
-    WORKDIR/config.json  the config as run; a rerun with another config keeps the earlier as config.N.json
+    WORKDIR/grpo/    metrics.jsonl, checkpoints/, tb/, params/            (GRPO; PPO runs write WORKDIR/ppo/)
+    WORKDIR/config.json  the config as the RL stage runs it (`config.RunConfig`, paths resolved); a rerun
+                         with another config keeps the earlier as config.N.json
 
 Each stage is skipped when its output is already complete, so rerunning the same command resumes.
 """
@@ -14,19 +15,23 @@ import json
 import logging
 import os
 
+from dataclasses import replace
+
 import jax
-import ml_collections
 
 from jaxsearch import checkpoint
-from jaxsearch.data.world.oracle import WorldChatModel  # noqa: F401  (config kind "world"; still importable from here)
+from jaxsearch.config import RunConfig, TokenizerConfig
 from jaxsearch.files import atomic_write, atomic_write_text
+from jaxsearch.agent.build import build_retriever, load_tokenizer
+from jaxsearch.models.policy import model_config
 from jaxsearch.rl import trainer
 
 log = logging.getLogger("jaxsearch.pipeline")
 
 
-def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
-    """Write the synthetic world once and point the config's data, retriever and tokenizer at it."""
+def prepare_world(cfg: RunConfig, workdir: str) -> RunConfig:
+    """Write the synthetic world once; `cfg` with its data, retriever corpus and tokenizer pointed at it (and
+    the model's vocabulary the world tokenizer's, for a random init of explicit sizes)."""
     from jaxsearch.data import sft as sft_data
     from jaxsearch.data.world.generator import generate_world, world_config
 
@@ -35,19 +40,25 @@ def prepare_world(cfg, workdir: str) -> ml_collections.ConfigDict:
         world = generate_world(world_config(cfg.world.size, cfg.world.seed))
         world.write(world_dir)
         sft_data.build_world_tokenizer(world).save(os.path.join(world_dir, "tokenizer.json"))
-    cfg = ml_collections.ConfigDict(cfg.to_dict())  # an unlocked copy to fill in
-    cfg.data.train = os.path.join(world_dir, "train.jsonl")
-    if cfg.sft.steps and cfg.sft.questions:  # SFT takes the first questions, RL the rest
-        cfg.data.train = rl_train_file(world_dir, cfg.sft.questions)
-    cfg.data.eval = {"synthetic": held_out_file(world_dir, cfg.world.eval_split)}
-    cfg.retriever.corpus = os.path.join(world_dir, "corpus.jsonl")
-    if cfg.initial_retriever.kind and not cfg.initial_retriever.corpus:
-        cfg.initial_retriever.corpus = cfg.retriever.corpus
-    cfg.tokenizer.kind, cfg.tokenizer.path = "word", os.path.join(world_dir, "tokenizer.json")
-    if cfg.model.vocab_size == -1:  # the model's vocabulary is the world tokenizer's
-        cfg.model.vocab_size = trainer.load_tokenizer(cfg).vocab_size
-    cfg.lock()
-    return cfg
+    train = os.path.join(world_dir, "train.jsonl")
+    if cfg.sft is not None and cfg.sft.questions:  # SFT takes the first questions, RL the rest
+        train = rl_train_file(world_dir, cfg.sft.questions)
+    data = replace(cfg.data, train=train, eval={"synthetic": held_out_file(world_dir, cfg.world.eval_split)})
+    corpus = os.path.join(world_dir, "corpus.jsonl")
+    initial = cfg.initial_retriever
+    if initial is not None and initial.corpus is None:
+        initial = replace(initial, corpus=corpus)
+    tokenizer = TokenizerConfig(kind="word", path=os.path.join(world_dir, "tokenizer.json"))
+    model = cfg.model
+    if model.vocab_size is None and model.hidden_size is not None:  # the world tokenizer's vocabulary
+        model = replace(model, vocab_size=load_tokenizer(tokenizer).vocab_size)
+    return cfg.replace(
+        data=data,
+        retriever=replace(cfg.retriever, corpus=corpus),
+        initial_retriever=initial,
+        tokenizer=tokenizer,
+        model=model,
+    )
 
 
 def rl_train_file(world_dir: str, sft_questions: int) -> str:
@@ -94,8 +105,8 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         return params_dir
     os.makedirs(out, exist_ok=True)
     world = generate_world(world_config(cfg.world.size, cfg.world.seed))
-    tokenizer = trainer.load_tokenizer(cfg)
-    retriever = trainer.build_retriever(cfg.retriever)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    retriever = build_retriever(cfg.retriever)
     examples = sft_data.sft_dataset(
         world,
         "train",
@@ -105,8 +116,8 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         cfg.rollout.retrieval_k,
         cfg.sft.max_len,
         truncate=cfg.sft.truncate,
-        mistake=cfg.sft.mistake,
-        questions=cfg.sft.questions,
+        mistake=cfg.sft.mistake or "",
+        questions=cfg.sft.questions or 0,
         use_p0=cfg.sft.use_p0,
     )
     batches = sft_data.sft_batches(
@@ -118,7 +129,7 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         cfg.sft.mistake_share,
         cfg.sft.pad_multiple,
     )
-    config = trainer.model_config(cfg)
+    config = model_config(cfg.model)
     params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
     params, losses = sft_lib.sft_train(
         config, params, batches, cfg.sft.steps, cfg.sft.lr, cfg.sft.warmup, log_every=10, progress=progress
@@ -131,10 +142,10 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
 
 
 def record_config(cfg, workdir: str) -> None:
-    """Write `cfg` to WORKDIR/config.json. A workdir started with another config (a resume with changed
+    """Write `cfg` (a RunConfig, or any config with `to_dict()`) to WORKDIR/config.json. A workdir started with another config (a resume with changed
     overrides) keeps the earlier one as config.N.json and gets a warning naming the keys that differ."""
     path = os.path.join(workdir, "config.json")
-    new = json.loads(cfg.to_json_best_effort(sort_keys=True))
+    new = json.loads(json.dumps(cfg.to_dict(), sort_keys=True, default=str))
     if os.path.exists(path):
         try:
             with open(path) as f:
@@ -175,18 +186,24 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def run(cfg, workdir: str, progress: bool = True) -> dict:
-    """All configured stages; returns the RL stage's last metrics."""
+    """All configured stages; returns the RL stage's last metrics. `cfg`: a ConfigDict or RunConfig. The
+    config resolved for the RL stage (the world's files, the SFT policy) is what WORKDIR/config.json records."""
+    cfg = RunConfig.from_dict(cfg)
     os.makedirs(workdir, exist_ok=True)
+    if cfg.world is not None:
+        cfg = prepare_world(cfg, workdir)
+    if cfg.sft is not None:  # RL starts from the warm-started policy
+        cfg = cfg.replace(model=replace(cfg.model, orbax_path=os.path.join(workdir, "sft", "params")))
     if jax.process_index() == 0:
         record_config(cfg, workdir)
-    if cfg.world.size:
-        cfg = prepare_world(cfg, workdir)
-    if cfg.sft.steps:
-        params_dir = run_sft(cfg, workdir, progress)
-        cfg = ml_collections.ConfigDict(cfg.to_dict())
-        cfg.model.orbax_path = params_dir
-        cfg.lock()
-    return trainer.train(cfg, os.path.join(workdir, "grpo"), progress=progress)
+    if cfg.sft is not None:
+        run_sft(cfg, workdir, progress)
+    return trainer.train(cfg, os.path.join(workdir, rl_stage(cfg)), progress=progress)
+
+
+def rl_stage(cfg) -> str:
+    """The RL stage's directory name under WORKDIR: "ppo" for GAE with a critic, else "grpo"."""
+    return "ppo" if cfg.algo.advantage == "gae" else "grpo"
 
 
 def eval_summary(metrics_path: str) -> str:

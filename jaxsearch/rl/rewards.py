@@ -62,6 +62,22 @@ class RewardInput:
 RewardFn = Callable[[Sequence[RewardInput]], np.ndarray]
 
 
+def reward_inputs(traj, examples) -> list[RewardInput]:
+    """The rewards' view of each row of `agent.trajectories.Trajectories` for its `QAExample`: SOAR's internal
+    facts and the retrieved passages as separate streams, the judge's view of the response beside it."""
+    return [
+        RewardInput(
+            traj.responses[i],
+            ex.golden_answers,
+            ex.question,
+            internal_knowledge="\n".join(traj.internal_knowledge[i]),
+            external_knowledge="\n".join(traj.retrieved[i]),
+            external_response=traj.external_responses[i],
+        )
+        for i, ex in enumerate(examples)
+    ]
+
+
 # ---------------------------------------------------------------------------------------- parsing
 # One parser for the protocols, the rewards and evaluation: jaxsearch/agent/parsing.py.
 

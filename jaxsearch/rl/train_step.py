@@ -1,7 +1,8 @@
 """The policy (and critic) update: one jitted function, sharded over a mesh, with donation.
 
-    step = make_train_step(model_config, loss_config, optimizer, mesh)      # jitted, shardings fixed
-    state, metrics = step(state, batch)
+    update = make_train_step(policy_loss_fn(config, loss_cfg), agg_mode, micro_batches, optimizer, mesh,
+                             state, batch_example)             # jitted, shardings fixed, state donated
+    state, metrics = update(state, batch)
 
 `batch` holds a rollout's trajectories, each row prompt + response, right-padded ([B, T]):
     tokens, attention_mask, loss_mask      int32
@@ -270,24 +271,31 @@ def batch_shardings(mesh, batch: dict):
     return {k: parallel.batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
 
 
+def jit_train_step(loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state_shardings, batch_shardings):
+    """`train_step` jitted with the state's shardings in and out, the batch over the data axes, the state
+    donated, under the mesh's activation sharding: what `make_train_step` runs and `launch/plan.py` lowers."""
+    step = functools.partial(
+        train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=state_shardings.params
+    )
+    return jax.jit(
+        parallel.with_activation_sharding(step, mesh),
+        in_shardings=(state_shardings, batch_shardings),
+        out_shardings=(state_shardings, None),
+        donate_argnums=(0,),
+    )
+
+
 def make_train_step(
     loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state: TrainState, batch_example: dict
 ):
-    """`train_step` jitted with the state's shardings in and out, the batch over the data axes, and the
-    state donated. `state` / `batch_example` fix the shardings (shapes of later batches must match).
+    """`jit_train_step` for host batches: `update(state, batch) -> (state, metrics)`. `state` and
+    `batch_example` give the shardings; later batches may have any number of columns (one compile per width)
+    but the example's rows.
 
     Policy: `make_train_step(policy_loss_fn(config, loss_cfg), loss_cfg.agg_mode, loss_cfg.micro_batches, ...)`;
     critic: `functools.partial(critic_loss, config, clip_eps, agg_mode)` as the loss."""
-    s_shard, b_shard = state_shardings(state), batch_shardings(mesh, batch_example)
-    step = functools.partial(
-        train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=s_shard.params
-    )
-    jitted = jax.jit(
-        parallel.with_activation_sharding(step, mesh),
-        in_shardings=(s_shard, b_shard),
-        out_shardings=(s_shard, None),
-        donate_argnums=(0,),
-    )
+    b_shard = batch_shardings(mesh, batch_example)
+    jitted = jit_train_step(loss_fn, agg_mode, micro_batches, optimizer, mesh, state_shardings(state), b_shard)
 
     def update(state: TrainState, batch: dict):
         # a host batch (the same on every process) becomes global arrays: jit cannot place numpy inputs on

@@ -1,0 +1,99 @@
+"""An agent engine from a `config.RunConfig`'s sections (tokenizer, protocol, retriever, initial_retriever,
+rollout).
+
+    engine = build_engine(cfg, model_config, mesh)                  # training rollouts
+    eval_engine = for_evaluation(engine, cfg)                        # eval sampling and top-k, same parts
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxsearch.agent import sampler as sampler_lib
+from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
+from jaxsearch.agent.protocols import get_protocol
+from jaxsearch.config import RunConfig
+from jaxsearch.retrieval.factory import make_retriever
+from jaxsearch.retrieval.host_split import HostSplitRetriever
+
+
+def load_tokenizer(tcfg):
+    """config.tokenizer: kind qwen (the Qwen2.5 BPE) or word (a world tokenizer JSON at `path`)."""
+    if tcfg.kind == "qwen":
+        from jaxsearch.models.tokenizer import QwenTokenizer
+
+        return QwenTokenizer()
+    if tcfg.kind == "word":
+        from jaxsearch.data.word_tokenizer import WordTokenizer
+
+        return WordTokenizer.load(tcfg.path)
+    raise ValueError(f"config.tokenizer.kind={tcfg.kind!r}: expected 'qwen' or 'word'")
+
+
+def build_retriever(rcfg):
+    """config.retriever (or initial_retriever): bm25 / dense / remote, split across hosts if asked."""
+    retriever = make_retriever(
+        rcfg.kind,
+        corpus=rcfg.corpus,
+        index=rcfg.index,
+        url=rcfg.url,
+        encoder=rcfg.encoder,
+        progress=False,
+    )
+    return HostSplitRetriever(retriever) if rcfg.split_across_hosts else retriever
+
+
+def build_protocol(pcfg):
+    """config.protocol: the method's protocol (EKA takes its tag set)."""
+    return get_protocol(pcfg.name, **({"tags": pcfg.tags} if pcfg.name == "eka" else {}))
+
+
+def build_sampler(cfg, model_config, tokenizer, protocol, mesh, temperature: float, top_p: float):
+    """The rollout's KV-cache sampler at one temperature / top_p (temperature 0: greedy, no top-p / top-k)."""
+    r = cfg.rollout
+    table = sampler_lib.StopTable.build(tokenizer, protocol.stop_strings, [tokenizer.eos_id], model_config.vocab_size)
+    sampling = sampler_lib.SamplingParams(temperature, top_p if temperature else 1.0, r.top_k if temperature else 0)
+    return sampler_lib.Sampler(
+        model_config,
+        table,
+        r.cache_len,
+        r.max_segment_tokens,
+        sampling,
+        chunk_buckets=sampler_lib.default_buckets(r.max_obs_tokens + 512),
+        mesh=mesh,
+    )
+
+
+def build_engine(cfg, model_config, mesh, evaluation: bool = False) -> AgentEngine:
+    """The agent of `cfg` with the training sampling (temperature, top_p, retrieval_k), or with `evaluation`
+    the evaluation's (`for_evaluation`). SOAR's internal stream samples at the evaluation settings."""
+    cfg = RunConfig.from_dict(cfg)
+    r = cfg.rollout
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    protocol = build_protocol(cfg.protocol)
+    eval_sampler = build_sampler(cfg, model_config, tokenizer, protocol, mesh, r.eval_temperature, r.eval_top_p)
+    engine = AgentEngine(
+        tokenizer,
+        protocol,
+        build_retriever(cfg.retriever),
+        build_sampler(cfg, model_config, tokenizer, protocol, mesh, r.temperature, r.top_p),
+        EpisodeConfig(
+            max_turns=r.max_turns,
+            retrieval_k=r.retrieval_k,
+            max_segment_tokens=r.max_segment_tokens,
+            max_obs_tokens=r.max_obs_tokens,
+            initial_k=r.initial_k,
+            internal_k=r.internal_k,
+        ),
+        initial_retriever=None if cfg.initial_retriever is None else build_retriever(cfg.initial_retriever),
+        internal_sampler=eval_sampler,
+        micro_batch=r.micro_batch,
+    )
+    return for_evaluation(engine, cfg) if evaluation else engine
+
+
+def for_evaluation(engine: AgentEngine, cfg) -> AgentEngine:
+    """The same agent (tokenizer, retrievers, compiled functions) with the evaluation's sampler
+    (eval_temperature, eval_top_p) and top-k (eval_retrieval_k)."""
+    limits = dataclasses.replace(engine.limits, retrieval_k=cfg.rollout.eval_retrieval_k)
+    return engine.replace(sampler=engine.internal_sampler, limits=limits)

@@ -1,0 +1,255 @@
+"""The agent engine: one search agent (tokenizer, protocol, retrievers, sampler, limits) and its rollout.
+
+    engine = AgentEngine(tokenizer, protocol, retriever, sampler, EpisodeConfig(max_turns=4))
+    traj = engine.rollout(params, questions, key)      # -> Trajectories (agent/trajectories.py)
+
+RL (`rl/trainer.py`), evaluation (`eval/`) and serving all roll out through `rollout`. One rollout, for a
+batch of questions (already repeated `group_size` times by the data iterator):
+
+    EKA's P0: one retriever call for the raw questions; the prompt shows it    (host)
+    prompt (chat template) -> Sampler.start                                    (device)
+    repeat up to max_turns:
+        Sampler.decode one segment per active row until a stop string / EOS / budget   (device)
+        protocol.parse_action on each row's segment text                              (host)
+        one retriever.search call for all the turn's queries (SOAR: + its internal stream)   (host)
+        observation (or Search-R1's invalid-action hint) -> Sampler.append, loss mask 0
+        rows that answered stop
+    a last turn without search for rows still going (Search-R1's final rollout)
+
+The trajectory holds exactly the token ids that were sampled (no decode -> re-encode of generated text);
+observations are encoded once, on their own, as the policy then sees them. Row i of a rollout samples with
+`fold_in(key, i)`: its randomness depends on the key and its index only, not on batch or micro-batch sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsearch.agent import trajectories as traj_lib
+from jaxsearch.agent.protocols import AgentProtocol, initial_docs
+from jaxsearch.agent.sampler import STOP_BUDGET, Sampler
+from jaxsearch.agent.trajectories import HINT, OBSERVATION, POLICY, Row, Trajectories
+from jaxsearch.retrieval.base import format_passages
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeConfig:
+    """Limits of one rollout. Token counts are per row."""
+
+    max_turns: int = 4  # turns that may search; a last turn without search follows
+    retrieval_k: int = 3
+    max_segment_tokens: int = 256  # one decode segment
+    max_obs_tokens: int = 512  # an observation is cut to this many tokens (Search-R1's max_obs_length)
+    initial_k: int = 3  # EKA's P0 passages
+    internal_k: int = 3  # SOAR: facts listed by the internal-knowledge generation
+
+
+def as_key(key: int | jax.Array) -> jax.Array:
+    """A typed PRNG key from an int seed or a key (typed, or raw uint32[2])."""
+    if isinstance(key, int):
+        return jax.random.key(key)
+    return key if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else jax.random.wrap_key_data(key)
+
+
+def row_keys(key: jax.Array, start: int, n: int) -> jax.Array:
+    """[n] keys of rows start .. start + n - 1: fold_in(key, row)."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(start, start + n, dtype=jnp.uint32))
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentEngine:
+    """What a rollout needs, built once. `replace(...)` gives a variant (e.g. the evaluation sampler)."""
+
+    tokenizer: Any
+    protocol: AgentProtocol
+    retriever: Any  # `retrieval.base.Retriever`: search(queries, k) -> docs per query
+    sampler: Sampler
+    limits: EpisodeConfig = EpisodeConfig()
+    initial_retriever: Any = None  # EKA's P0 source (None: `retriever`; another corpus: noisy-P0 ablation)
+    internal_sampler: Sampler | None = None  # SOAR's internal-knowledge stream (None: `sampler`)
+    micro_batch: int = 0  # rows per sampler call (0: all in one)
+
+    def replace(self, **changes) -> AgentEngine:
+        return dataclasses.replace(self, **changes)
+
+    def rollout(
+        self,
+        params,
+        questions: Sequence[str],
+        key: int | jax.Array,
+        messages: Sequence[list[dict] | None] | None = None,
+    ) -> Trajectories:
+        """One episode per question, in sampler calls of `micro_batch` rows.
+
+        key: a PRNG key or int seed; row i samples with fold_in(key, i). messages: per row, chat messages that
+        replace the protocol's prompt (a dataset's own prompt, `data.qa.prompt_messages`); None keeps it.
+        """
+        key = as_key(key)
+        sample_key, internal_key = jax.random.split(key)
+        n = self.micro_batch or len(questions)
+        parts = [
+            self._episodes(
+                params,
+                questions[i : i + n],
+                row_keys(sample_key, i, len(questions[i : i + n])),
+                jax.random.fold_in(internal_key, i),
+                None if messages is None else messages[i : i + n],
+            )
+            for i in range(0, len(questions), n)
+        ]
+        return traj_lib.concat(parts)
+
+    # ------------------------------------------------------------------------------- one sampler call
+
+    def _episodes(self, params, questions, keys, internal_key, messages) -> Trajectories:
+        t_start = time.perf_counter()
+        clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
+        rows = self._start_rows(questions, messages, clock)
+        internal = None
+        if self.protocol.needs_internal_knowledge:
+            internal_sampler = self.internal_sampler or self.sampler
+            internal = text_generator(internal_sampler, params, self.tokenizer, internal_key)
+        t = time.perf_counter()
+        state = self.sampler.start(params, [r.prompt for r in rows], keys)
+        clock["device"] += time.perf_counter() - t
+        for turn in range(self.limits.max_turns + 1):
+            active = [i for i, r in enumerate(rows) if not r.done]
+            if not active:
+                break
+            budget = self._budgets(rows, active)
+            t = time.perf_counter()
+            seg, state = self.sampler.decode(params, state, budget)  # host arrays: the device work is done
+            clock["device"] += time.perf_counter() - t
+            searches, hints = self._act(rows, active, seg, budget, final=turn == self.limits.max_turns)
+            observations = self._search(rows, searches, internal, turn, clock)
+            chunks = self._encode(rows, {**hints, **observations})
+            t = time.perf_counter()
+            state = self.sampler.append(params, state, chunks)
+            jax.block_until_ready(state.logits)
+            clock["device"] += time.perf_counter() - t
+        traj = traj_lib.assemble(rows, self.tokenizer, self.protocol, clock)
+        clock["host"] = time.perf_counter() - t_start - clock["device"] - clock["retrieval"]
+        return traj
+
+    def _start_rows(self, questions, messages, clock) -> list[Row]:
+        """A row per question: its P0 (EKA) and its prompt's token ids; checks the cache has room to act."""
+        p0 = [[] for _ in questions]
+        if self.protocol.uses_initial_knowledge:
+            t = time.perf_counter()
+            p0 = initial_docs(questions, self.initial_retriever or self.retriever, self.limits.initial_k)
+            clock["retrieval"] += time.perf_counter() - t
+        rows = []
+        for i, (question, docs) in enumerate(zip(questions, p0)):
+            if messages is not None and messages[i] is not None:
+                chat = messages[i]
+            else:
+                chat = self.protocol.build_messages(question, self.protocol.initial_block(docs) if docs else None)
+            text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+            rows.append(Row(self.tokenizer.encode(text, allow_special=True), docs))
+        room = self.sampler.cache_len - max(r.length for r in rows)
+        if room < self.limits.max_segment_tokens:
+            raise ValueError(
+                f"cache_len {self.sampler.cache_len} leaves {room} tokens after the longest prompt; "
+                f"need at least max_segment_tokens={self.limits.max_segment_tokens}"
+            )
+        return rows
+
+    def _budgets(self, rows: list[Row], active: list[int]) -> np.ndarray:
+        """[B] tokens each row may decode this turn (0: inactive): a segment, or what is left of the cache."""
+        budget = np.zeros(len(rows), np.int32)
+        for i in active:  # a row without room for a whole segment ends truncated (see `_act`)
+            budget[i] = min(self.limits.max_segment_tokens, self.sampler.cache_len - rows[i].length)
+        return budget
+
+    def _act(self, rows, active, seg, budget, final: bool) -> tuple[list[tuple[int, str]], dict]:
+        """Record each active row's segment and parse its action -> (searches (row, query), hints by row)."""
+        searches, hints = [], {}
+        for i in active:
+            row, n = rows[i], int(seg.length[i])
+            ids = seg.tokens[i, :n].tolist()
+            text = self.tokenizer.decode(ids)
+            row.add(POLICY, ids, text, seg.logprobs[i, :n], seg.entropy[i, :n])
+            row.turns += 1
+            action = self.protocol.parse_action(text)
+            if action.kind == "answer":
+                row.answer, row.done = action.content, True
+            elif final:
+                row.done = True
+            elif action.kind == "search":
+                searches.append((i, action.content))
+            elif seg.stop[i] == STOP_BUDGET and budget[i] < self.limits.max_segment_tokens:
+                row.done = row.truncated = True  # out of cache room
+            else:
+                hints[i] = (HINT, self.protocol.invalid_hint())
+        return searches, hints
+
+    def _search(self, rows, searches, internal, turn: int, clock) -> dict[int, tuple[str, str]]:
+        """One retriever call for the turn's queries (+ SOAR's internal stream) -> observation by row."""
+        if not searches:
+            return {}
+        queries = [q for _, q in searches]
+        t = time.perf_counter()
+        docs = self.retriever.search(queries, self.limits.retrieval_k)
+        facts = None
+        if internal is not None:
+            k = self.limits.internal_k
+            generated = internal([self.protocol.internal_knowledge_messages(q, k) for q in queries], turn)
+            facts = [self.protocol.format_internal_facts(self.protocol.parse_internal_facts(g, k)) for g in generated]
+        clock["retrieval"] += time.perf_counter() - t
+        observations = {}
+        for j, (i, _) in enumerate(searches):
+            row = rows[i]
+            if facts is None:
+                obs = self.protocol.format_observation(docs[j])
+            else:
+                obs = self.protocol.format_observation(docs[j], facts[j])
+                row.internal.append(facts[j])
+            row.searches += 1
+            row.docs.append(list(docs[j]))
+            row.retrieved.append(format_passages(docs[j]).strip())
+            row.observations.append(obs)
+            observations[i] = (OBSERVATION, obs)
+        return observations
+
+    def _encode(self, rows, texts: dict[int, tuple[str, str]]) -> list[list[int]]:
+        """Token ids to append per row (cut to max_obs_tokens); a row left without room to act ends truncated."""
+        chunks = [[] for _ in rows]
+        for i, (kind, text) in texts.items():
+            allow = self.protocol.observation_allow_special and kind == OBSERVATION
+            ids = self.tokenizer.encode(text, allow_special=allow)[: self.limits.max_obs_tokens]
+            free = self.sampler.cache_len - rows[i].length
+            if free - len(ids) < self.limits.max_segment_tokens // 4:  # no room left to act on it
+                rows[i].done = rows[i].truncated = True
+                continue
+            rows[i].add(kind, ids, self.tokenizer.decode(ids))
+            chunks[i] = ids
+        return chunks
+
+
+def text_generator(
+    sampler: Sampler, params, tokenizer, key: int | jax.Array = 0
+) -> Callable[[list[list[dict]], int], list[str]]:
+    """(messages per prompt, call index) -> generated text per prompt, one segment each (SOAR's internal
+    stream). It decodes until `sampler`'s stop strings, EOS or its `max_segment`; call c samples with
+    fold_in(key, c), row r of it with fold_in of that and r."""
+    key = as_key(key)
+
+    def generate(batch_messages: list[list[dict]], call: int = 0) -> list[str]:
+        prompts = [
+            tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True), allow_special=True)
+            for m in batch_messages
+        ]
+        keys = row_keys(jax.random.fold_in(key, call), 0, len(prompts))
+        seg, _ = sampler.decode(params, sampler.start(params, prompts, keys), sampler.max_segment)
+        return [
+            tokenizer.decode(seg.tokens[i, : seg.length[i]].tolist(), skip_special=True)
+            for i in range(len(prompts))
+        ]
+
+    return generate

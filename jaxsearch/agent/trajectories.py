@@ -1,0 +1,175 @@
+"""Finished episodes as arrays the trainer reads, plus what the host saw on the way (text, documents).
+
+    traj = engine.rollout(params, questions, key)     # agent/engine.py
+    traj.tokens[b], traj.loss_mask[b], traj.docs[b]   # row b: [L] ids, [L] 0/1, per search the Docs retrieved
+
+`Row` is the host-side record of one row while its episode runs; `assemble` turns the rows into
+`Trajectories`; `concat` joins the trajectories of several micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxsearch.agent import segments
+from jaxsearch.retrieval.base import Doc
+
+# what produced one chunk of a row's response
+POLICY, OBSERVATION, HINT = "policy", "observation", "hint"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Trajectories:
+    """A batch of finished episodes. Arrays are [B, L], right-padded, prompt then response.
+
+    loss_mask is 1 only on tokens the policy sampled (not prompt, P0, observations, hints, padding).
+    logprobs / entropy are the sampler's at those tokens (0 elsewhere): logprobs[b, t] is the log-prob
+    of tokens[b, t]. Host metadata (per row lists) rides along as static fields.
+    """
+
+    tokens: np.ndarray
+    attention_mask: np.ndarray
+    loss_mask: np.ndarray
+    segment_ids: np.ndarray
+    logprobs: np.ndarray
+    entropy: np.ndarray
+    prompt_lengths: np.ndarray  # [B]
+    turns: np.ndarray  # [B] decode segments
+    searches: np.ndarray  # [B] searches executed
+    truncated: np.ndarray  # [B] bool: the row ran out of cache room before it answered
+    answers: list = dataclasses.field(metadata=dict(static=True))  # final answer text or None
+    responses: list = dataclasses.field(metadata=dict(static=True))  # policy + observation text (no hints)
+    # per row: EKA's P0 (the Docs in the prompt; [] without P0), and per search the Docs retrieved
+    initial_docs: list = dataclasses.field(metadata=dict(static=True))
+    docs: list = dataclasses.field(metadata=dict(static=True))
+    observations: list = dataclasses.field(metadata=dict(static=True))  # per row: observation strings
+    # per row, per search: the retrieved passages' text (the external stream, E_ext) and SOAR's listed facts
+    # (the internal stream, E_int), kept apart: a SOAR observation shows both
+    retrieved: list = dataclasses.field(metadata=dict(static=True))
+    internal_knowledge: list = dataclasses.field(metadata=dict(static=True))
+    # responses with each observation as `protocol.external_view` reads it (SOAR's judge sees E_ext only)
+    external_responses: list = dataclasses.field(metadata=dict(static=True))
+    evidence: list = dataclasses.field(metadata=dict(static=True))  # R-Search: last <evidence> or None
+    sources: list = dataclasses.field(metadata=dict(static=True))  # SOAR: declared source or None
+    timings: dict = dataclasses.field(metadata=dict(static=True))  # seconds: device (prefill, decode,
+    # append), retrieval (incl. SOAR's internal stream), host (parsing, encoding, assembly)
+
+    @property
+    def doc_ids(self) -> list[list[list[str]]]:
+        """Per row, per search: the retrieved ids."""
+        return [[[d.id for d in docs] for docs in row] for row in self.docs]
+
+
+class Row:
+    """Host-side record of one row's episode, chunk by chunk after its prompt of `prompt_length` tokens."""
+
+    def __init__(self, prompt: list[int], initial_docs: list[Doc]):
+        self.prompt = prompt
+        self.initial_docs = initial_docs
+        self.chunks: list[tuple[str, list[int], np.ndarray, np.ndarray]] = []
+        self.texts: list[tuple[str, str]] = []
+        self.answer: str | None = None
+        self.docs: list[list[Doc]] = []
+        self.observations: list[str] = []
+        self.retrieved: list[str] = []
+        self.internal: list[str] = []
+        self.turns = 0
+        self.searches = 0
+        self.done = False
+        self.truncated = False
+
+    def add(self, kind, ids, text, logprobs=None, entropy=None):
+        n = len(ids)
+        self.chunks.append((kind, list(ids), _or_zeros(logprobs, n), _or_zeros(entropy, n)))
+        self.texts.append((kind, text))
+
+    @property
+    def length(self) -> int:
+        """Tokens so far, prompt included."""
+        return len(self.prompt) + sum(len(c[1]) for c in self.chunks)
+
+
+def _or_zeros(x, n):
+    return np.zeros(n, np.float32) if x is None else np.asarray(x, np.float32)
+
+
+def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectories:
+    """The rows' prompts and chunks as right-padded [B, L] arrays, with their host records."""
+    b = len(rows)
+    width = max(r.length for r in rows)
+    tokens, attn, loss, seg_ids = (np.zeros((b, width), np.int32) for _ in range(4))
+    logp, ent = np.zeros((b, width), np.float32), np.zeros((b, width), np.float32)
+    for i, row in enumerate(rows):
+        pos = start = len(row.prompt)
+        tokens[i, :pos] = row.prompt
+        for kind, ids, lp, en in row.chunks:
+            n = len(ids)
+            tokens[i, pos : pos + n] = ids
+            loss[i, pos : pos + n] = kind == POLICY
+            logp[i, pos : pos + n] = lp
+            ent[i, pos : pos + n] = en
+            pos += n
+        attn[i, :pos] = 1
+        # segments are labelled over the response only (prompts quote tags)
+        seg_ids[i, start:pos] = segments.label_token_segments(
+            [tokenizer.token_bytes(int(t)) for t in tokens[i, start:pos]], protocol.segment_tags
+        )
+    responses = ["".join(t for kind, t in r.texts if kind != HINT) for r in rows]
+    external = [
+        "".join(protocol.external_view(t) if kind == OBSERVATION else t for kind, t in r.texts if kind != HINT)
+        for r in rows
+    ]
+    parse_evidence = getattr(protocol, "parse_evidence", lambda _: None)
+    parse_source = getattr(protocol, "parse_source", lambda _: None)
+    return Trajectories(
+        tokens=tokens,
+        attention_mask=attn,
+        loss_mask=loss,
+        segment_ids=seg_ids,
+        logprobs=logp,
+        entropy=ent,
+        prompt_lengths=np.asarray([len(r.prompt) for r in rows], np.int32),
+        turns=np.asarray([r.turns for r in rows], np.int32),
+        searches=np.asarray([r.searches for r in rows], np.int32),
+        truncated=np.asarray([r.truncated for r in rows]),
+        answers=[r.answer for r in rows],
+        responses=responses,
+        initial_docs=[r.initial_docs for r in rows],
+        docs=[r.docs for r in rows],
+        observations=[r.observations for r in rows],
+        retrieved=[r.retrieved for r in rows],
+        internal_knowledge=[r.internal for r in rows],
+        external_responses=external,
+        evidence=[parse_evidence(r) for r in responses],
+        sources=[parse_source(r) for r in responses],
+        timings=timings,
+    )
+
+
+def concat(parts: list[Trajectories]) -> Trajectories:
+    """One batch from several (micro-batches): rows in order, arrays zero-padded to the widest, timings summed."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.tokens.shape[1] for p in parts)
+    out = {}
+    for f in dataclasses.fields(Trajectories):
+        values = [getattr(p, f.name) for p in parts]
+        if isinstance(values[0], list):
+            out[f.name] = sum(values, [])
+        elif isinstance(values[0], dict):  # timings
+            out[f.name] = {k: sum(v[k] for v in values) for k in values[0]}
+        elif values[0].ndim == 2:
+            out[f.name] = np.concatenate([pad_to(v, width) for v in values])
+        else:
+            out[f.name] = np.concatenate(values)
+    return Trajectories(**out)
+
+
+def pad_to(x: np.ndarray, width: int) -> np.ndarray:
+    """[B, width]: `x` [B, T] cut or zero-padded on the right."""
+    x = x[:, :width]
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))

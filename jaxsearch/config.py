@@ -1,0 +1,362 @@
+"""The run's configuration, typed: frozen dataclasses built once from a configs/*.py ConfigDict and checked.
+
+    cfg = RunConfig.from_dict(get_config())        # or a ConfigDict after --config.key=value overrides
+    cfg.rollout.max_turns, cfg.judge is None, ...
+    config_json(cfg)                               # what WORKDIR/config.json records
+
+Config files keep ml_collections' conventions (a flag override must keep a key's type), so they write "not
+set" as "" or 0; here every such value becomes an explicit None, in one place (`_OPTIONAL`):
+
+    model.hf_path / orbax_path / preset ""      -> None     model.vocab_size, hidden_size, ... 0 or -1 -> None
+    tokenizer.path, retriever.corpus / index / url / encoder ""  -> None
+    initial_retriever.kind ""  -> initial_retriever None (P0 from the retriever)
+    judge.kind / evidence_model.kind ""  -> judge / evidence_model None
+    world.size ""  -> world None           sft.steps 0 -> sft None (no warm start)
+    sft.mistake ""  -> None                sft.questions 0 -> None (SFT and RL share the questions)
+    distributed.coordinator "", num_processes 0, process_id -1  -> None (from the environment)
+
+A key the dataclasses do not know, a value of the wrong type or out of range is a `ConfigError` naming the key
+(`config.rollout.max_turns=-1: expected >= 0`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    hf_path: str | None
+    orbax_path: str | None
+    preset: str | None  # a `qwen2.preset` name (random init), when no path and no explicit sizes
+    dtype: str
+    param_dtype: str
+    remat: bool
+    logprob_chunk: int
+    attention_chunk: int  # query chunk of the training forward's attention (0: dense)
+    scan_layers: bool
+    # explicit sizes of a random init (None: from the checkpoint or preset; a world run fills vocab_size)
+    vocab_size: int | None
+    hidden_size: int | None
+    intermediate_size: int | None
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    num_hidden_layers: int | None
+    tie_word_embeddings: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    kind: str  # qwen | word
+    path: str | None  # word: the WordTokenizer JSON
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolConfig:
+    name: str
+    tags: str  # EKA's tag set: search_r1 | graph_r1
+    data_prompt: bool  # search_r1: prompt with a dataset row's own `prompt`
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrieverConfig:
+    kind: str  # bm25 | dense | remote
+    corpus: str | None
+    index: str | None
+    url: str | None
+    encoder: str | None
+    split_across_hosts: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    train: str
+    eval: dict  # name -> FlashRAG JSONL / parquet path
+    eval_examples: int
+    eval_sample: str  # first | random
+    eval_seed: int
+    batch_size: int  # questions per step
+    group_size: int  # samples per question
+    shuffle: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int
+    retrieval_k: int
+    initial_k: int
+    internal_k: int
+    max_segment_tokens: int
+    max_obs_tokens: int
+    cache_len: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    eval_temperature: float
+    eval_top_p: float
+    eval_retrieval_k: int
+    micro_batch: int  # rows per sampler call (0: the whole batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    terms: tuple  # ((name, weight), ...)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatModelConfig:
+    kind: str  # openai | local | world
+    base_url: str
+    model: str
+    path: str
+    tokenizer: str
+    cache_len: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+    advantage: str  # grpo | dr_grpo | gae (PPO with a critic)
+    policy_loss: str
+    clip_eps: float
+    agg_mode: str
+    kl_coef: float
+    kl_kind: str
+    kl_in_reward: float
+    entropy_coef: float
+    ppo_epochs: int
+    mini_batches: int
+    micro_batches: int
+    pad_multiple: int  # 0: update batches are cache_len wide
+    gamma: float
+    lam: float
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    lr: float
+    warmup_ratio: float
+    schedule: str  # constant | cosine
+    weight_decay: float
+    grad_clip: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+    lr: float
+    warmup_ratio: float
+    clip_eps: float
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldConfig:
+    size: str  # tiny | small
+    seed: int
+    eval_split: str  # a split, or splits joined by "+"
+
+
+@dataclasses.dataclass(frozen=True)
+class SftConfig:
+    steps: int
+    lr: float
+    batch_size: int
+    warmup: int
+    max_len: int
+    truncate: bool
+    mistake: str | None
+    mistake_share: float
+    questions: int | None
+    pad_multiple: int
+    use_p0: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    coordinator: str | None
+    num_processes: int | None
+    process_id: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    seed: int
+    total_steps: int
+    log_every: int
+    eval_every: int
+    save_every: int
+    keep_checkpoints: int
+    model: ModelConfig
+    tokenizer: TokenizerConfig
+    protocol: ProtocolConfig
+    retriever: RetrieverConfig
+    initial_retriever: RetrieverConfig | None
+    data: DataConfig
+    rollout: RolloutConfig
+    reward: RewardConfig
+    judge: ChatModelConfig | None
+    evidence_model: ChatModelConfig | None
+    algo: AlgoConfig
+    optim: OptimConfig
+    critic: CriticConfig
+    world: WorldConfig | None
+    sft: SftConfig | None
+    mesh: dict  # axis -> size (-1: the remaining devices)
+    distributed: DistributedConfig
+
+    @classmethod
+    def from_dict(cls, cfg) -> RunConfig:
+        """From a ConfigDict (or nested dicts) shaped like configs/base.py; see the module docstring."""
+        if isinstance(cfg, RunConfig):
+            return cfg
+        tree = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+        return _build(cls, tree, "config")
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# section key -> when the whole section is absent (None)
+_ABSENT_SECTION = {
+    "initial_retriever": lambda d: not d.get("kind"),
+    "judge": lambda d: not d.get("kind"),
+    "evidence_model": lambda d: not d.get("kind"),
+    "world": lambda d: not d.get("size"),
+    "sft": lambda d: not d.get("steps"),
+}
+# "section.key" -> the config file values that mean "not set"
+_OPTIONAL = {
+    **{f"model.{k}": ("",) for k in ("hf_path", "orbax_path", "preset")},
+    **{
+        f"model.{k}": (0, -1)
+        for k in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "num_hidden_layers",
+        )
+    },
+    "tokenizer.path": ("",),
+    **{f"{s}.{k}": ("",) for s in ("retriever", "initial_retriever") for k in ("corpus", "index", "url", "encoder")},
+    "sft.mistake": ("",),
+    "sft.questions": (0,),
+    "distributed.coordinator": ("",),
+    "distributed.num_processes": (0,),
+    "distributed.process_id": (-1,),
+}
+# "section.key" -> (allowed values) or a (test, what) pair
+_CHECKS = {
+    "tokenizer.kind": ("qwen", "word"),
+    "retriever.kind": ("bm25", "dense", "remote"),
+    "initial_retriever.kind": ("bm25", "dense", "remote"),
+    "judge.kind": ("openai", "local", "world"),
+    "evidence_model.kind": ("openai", "local", "world"),
+    "protocol.tags": ("search_r1", "graph_r1"),
+    "data.eval_sample": ("first", "random"),
+    "optim.schedule": ("constant", "cosine"),
+    "algo.agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "world.size": ("tiny", "small"),
+    "total_steps": (lambda v: v >= 0, ">= 0"),
+    "rollout.max_turns": (lambda v: v >= 0, ">= 0"),
+    "data.batch_size": (lambda v: v >= 1, ">= 1"),
+    "data.group_size": (lambda v: v >= 1, ">= 1"),
+    "algo.mini_batches": (lambda v: v >= 1, ">= 1"),
+    "algo.micro_batches": (lambda v: v >= 1, ">= 1"),
+    "algo.ppo_epochs": (lambda v: v >= 1, ">= 1"),
+    "rollout.cache_len": (lambda v: v >= 1, ">= 1"),
+    "rollout.temperature": (lambda v: v >= 0, ">= 0"),
+    "rollout.eval_temperature": (lambda v: v >= 0, ">= 0"),
+    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.eval_top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+}
+
+
+def _build(cls, tree: dict, where: str):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(tree) - names)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
+    values = {}
+    for field in dataclasses.fields(cls):
+        key = f"{where}.{field.name}"
+        short = key.split(".", 1)[1]
+        if field.name not in tree:
+            if field.default is dataclasses.MISSING:
+                raise ConfigError(f"{key}: missing")
+            continue
+        value, hint = tree[field.name], hints[field.name]
+        section = _section_class(hint)
+        if section is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a section, got {value!r}")
+            absent = _ABSENT_SECTION.get(short)
+            values[field.name] = None if absent and absent(value) else _build(section, value, key)
+            continue
+        if short in _OPTIONAL and value in _OPTIONAL[short] and type(value) is type(_OPTIONAL[short][0]):
+            value = None
+        values[field.name] = _check(key, short, _coerce(key, value, hint))
+    return cls(**values)
+
+
+def _section_class(hint):
+    """The dataclass of a section field (`X` or `X | None`), else None."""
+    for t in (hint, *typing.get_args(hint)):
+        if dataclasses.is_dataclass(t):
+            return t
+    return None
+
+
+def _coerce(key: str, value, hint):
+    if value is None:
+        if type(None) in typing.get_args(hint):
+            return None
+        raise ConfigError(f"{key}: must be set")
+    base = next((t for t in (hint, *typing.get_args(hint)) if t is not type(None)), hint)
+    base = typing.get_origin(base) or base
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is tuple and isinstance(value, list):
+        value = tuple(value)
+    if base is tuple:
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if base in (bool, int, float, str, dict, tuple) and not (
+        isinstance(value, base) and not (base is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{key}={value!r}: expected {base.__name__}")
+    return value
+
+
+def _check(key: str, short: str, value):
+    rule = _CHECKS.get(short)
+    if rule is None or value is None:
+        return value
+    if isinstance(rule[0], str):
+        if value not in rule:
+            raise ConfigError(f"{key}={value!r}: expected one of {', '.join(rule)}")
+    elif not rule[0](value):
+        raise ConfigError(f"{key}={value!r}: expected {rule[1]}")
+    return value
+
+
+def config_json(cfg: RunConfig) -> str:
+    """The resolved config as sorted, indented JSON (None where a value is not set)."""
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def as_run_config(cfg: Any) -> RunConfig:
+    """`cfg` as a RunConfig (a ConfigDict is converted and checked)."""
+    return RunConfig.from_dict(cfg)

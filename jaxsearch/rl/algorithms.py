@@ -1,0 +1,238 @@
+"""GRPO and PPO as objects the training loop calls the same way:
+
+    algo = make_algorithm(cfg, model_config, mesh)       # cfg.algo.advantage: "gae" -> PPO, else GRPO
+    state = algo.init_state(params)                      # {"policy": TrainState[, "critic": TrainState]}
+    batches = algo.prepare(state, traj, scores, timer)   # mini-batches: padded rows, log-probs, advantages
+    state, metrics = algo.update(state, batches)         # ppo_epochs x mini_batches jitted updates
+
+`prepare` computes, before any update, the log-probs of the rollout policy (old) and of the frozen reference
+(its params are kept by the algorithm), and for PPO the critic's values, the outcome token rewards (minus the
+KL penalty when `algo.kl_in_reward`) and GAE; GRPO normalises the scores within each group. Each jitted
+function is built once for [rows / mini_batches, width] batches (`update_functions`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsearch.agent.trajectories import Trajectories, pad_to
+from jaxsearch.config import RunConfig
+from jaxsearch.data.sft import padded_width
+from jaxsearch.rl import advantages as adv_lib
+from jaxsearch.rl import train_step as ts
+
+
+def loss_config(cfg) -> ts.LossConfig:
+    """The policy objective of a config's `algo` section."""
+    a = cfg.algo
+    return ts.LossConfig(
+        policy_loss=a.policy_loss,
+        clip_eps=a.clip_eps,
+        agg_mode=a.agg_mode,
+        kl_coef=a.kl_coef,
+        kl_kind=a.kl_kind,
+        entropy_coef=a.entropy_coef,
+        micro_batches=a.micro_batches,
+        temperature=cfg.rollout.temperature,
+    )
+
+
+def optimizers(cfg) -> dict:
+    """{"policy": AdamW[, "critic": AdamW]} with the config's warmup and clipping. The lr schedule counts
+    training steps (veRL's warmup: int(lr_warmup_steps_ratio * total steps)), each making
+    mini_batches x ppo_epochs updates."""
+    updates_per_step = cfg.algo.mini_batches * cfg.algo.ppo_epochs
+
+    def adamw(lr, warmup_ratio, schedule):
+        return ts.make_optimizer(
+            lr,
+            cfg.total_steps,
+            int(warmup_ratio * cfg.total_steps),
+            schedule,
+            cfg.optim.weight_decay,
+            cfg.optim.grad_clip,
+            updates_per_step=updates_per_step,
+        )
+
+    out = {"policy": adamw(cfg.optim.lr, cfg.optim.warmup_ratio, cfg.optim.schedule)}
+    if cfg.algo.advantage == "gae":
+        out["critic"] = adamw(cfg.critic.lr, cfg.critic.warmup_ratio, "constant")
+    return out
+
+
+def mini_batch_rows(cfg) -> int:
+    """Rows of one update batch; the step's rows must split into mini-batches of whole micro-batches."""
+    rows, mini = cfg.data.batch_size * cfg.data.group_size, cfg.algo.mini_batches
+    if rows % mini or (rows // mini) % cfg.algo.micro_batches:
+        raise ValueError(
+            f"config: batch_size*group_size={rows} rows must split into algo.mini_batches={mini} "
+            f"of algo.micro_batches={cfg.algo.micro_batches} each"
+        )
+    return rows // mini
+
+
+def example_batch(rows: int, width: int, ppo: bool, critic: bool = False) -> dict:
+    """The arrays of one update batch, [rows, width] (advantages [rows] for GRPO): what the jitted functions'
+    shardings are built for. Host zeros; `plan.py` uses the same shapes abstractly."""
+    zeros = lambda dtype: np.zeros((rows, width), dtype)
+    batch = dict(
+        tokens=zeros(np.int32),
+        attention_mask=zeros(np.int32),
+        loss_mask=zeros(np.int32),
+        advantages=zeros(np.float32) if ppo else np.zeros((rows,), np.float32),
+        old_logprobs=zeros(np.float32),
+        ref_logprobs=zeros(np.float32),
+    )
+    if critic:
+        batch.update(old_values=zeros(np.float32), returns=zeros(np.float32))
+    return batch
+
+
+def outcome_token_rewards(scores: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """[B, T] rewards: each row's score on its last policy token, 0 elsewhere (the outcome reward of PPO)."""
+    out = np.zeros(loss_mask.shape, np.float32)
+    last = loss_mask.shape[1] - 1 - np.argmax(loss_mask[:, ::-1], axis=1)
+    has = loss_mask.any(axis=1)
+    out[np.arange(len(scores))[has], last[has]] = scores[has]
+    return out
+
+
+def update_width(attention_mask: np.ndarray, cache_len: int, multiple: int) -> int:
+    """Columns of an update batch: `cache_len` (one shape for the run), or with `multiple` > 0 the last
+    attended column rounded up to a multiple of it (`padded_width`)."""
+    used = np.flatnonzero(attention_mask.any(0))
+    return padded_width(int(used[-1]) + 1 if used.size else 1, cache_len, multiple)
+
+
+class GRPO:
+    """Group-normalised outcome advantages (cfg.algo.advantage: grpo, drgrpo, ...), a policy update only."""
+
+    ppo = False
+
+    def __init__(self, cfg, model_config, mesh):
+        self.cfg, self.model_config, self.mesh = cfg, model_config, mesh
+        self.optimizers = optimizers(cfg)
+        self.rows = mini_batch_rows(cfg)
+        self.ref_params = None
+        self.loss_config = loss_config(cfg)
+
+    def init_state(self, params) -> dict:
+        """The trained state from the initial policy; keeps a frozen reference copy when a KL term needs it
+        (the policy's buffers are donated to the update)."""
+        a = self.cfg.algo
+        if a.kl_coef or a.kl_in_reward:
+            self.ref_params = jax.tree_util.tree_map(jnp.copy, params)
+        state = {"policy": ts.init_state(params, self.optimizers["policy"], self.mesh)}
+        self._build(state)
+        return state
+
+    def _build(self, state) -> None:
+        """The jitted update and log-prob functions, their shardings fixed by `state` and an example batch."""
+        example = example_batch(self.rows, self.cfg.rollout.cache_len, self.ppo)
+        lc = self.loss_config
+        self.update_policy = ts.make_train_step(
+            ts.policy_loss_fn(self.model_config, lc),
+            lc.agg_mode,
+            lc.micro_batches,
+            self.optimizers["policy"],
+            self.mesh,
+            state["policy"],
+            example,
+        )
+        self.logprobs = ts.make_logprob_fn(
+            self.model_config, self.mesh, state["policy"].params, example, self.cfg.rollout.temperature
+        )
+
+    def slices(self) -> list[slice]:
+        n = self.cfg.algo.mini_batches
+        return [slice(j * self.rows, (j + 1) * self.rows) for j in range(n)]
+
+    def _per_mini_batch(self, fn, params, tokens, attn) -> np.ndarray:
+        return np.concatenate([fn(params, tokens[sl], attn[sl]) for sl in self.slices()])
+
+    def prepare(self, state, traj: Trajectories, scores: np.ndarray, timer) -> list[dict]:
+        """Update batches from a rollout and its [B] scores, before any update (see the module docstring)."""
+        width = update_width(traj.attention_mask, self.cfg.rollout.cache_len, self.cfg.algo.pad_multiple)
+        tokens, attn, lmask = (pad_to(x, width) for x in (traj.tokens, traj.attention_mask, traj.loss_mask))
+        with timer("old_logprobs"):
+            old = self._per_mini_batch(self.logprobs, state["policy"].params, tokens, attn)
+        with timer("ref_logprobs"):
+            ref = old if self.ref_params is None else self._per_mini_batch(self.logprobs, self.ref_params, tokens, attn)
+        extra = self._advantages(state, scores, tokens, attn, lmask, old, ref, timer)
+        full = dict(tokens=tokens, attention_mask=attn, loss_mask=lmask, old_logprobs=old, ref_logprobs=ref, **extra)
+        return [{k: v[sl] for k, v in full.items()} for sl in self.slices()]
+
+    def _advantages(self, state, scores, tokens, attn, lmask, old, ref, timer) -> dict:
+        fn = adv_lib.get_advantage_fn(self.cfg.algo.advantage)
+        return {"advantages": np.asarray(fn(jnp.asarray(scores), self.cfg.data.group_size))}
+
+    def update(self, state, batches: list[dict]) -> tuple[dict, dict]:
+        """ppo_epochs passes over the mini-batches; metrics averaged over the updates."""
+        step_metrics = []
+        for _ in range(self.cfg.algo.ppo_epochs):
+            for batch in batches:
+                step_metrics.append(self._update_one(state, batch))
+        jax.block_until_ready(state["policy"].params)
+        metrics = {k: float(np.mean([jax.device_get(m[k]) for m in step_metrics])) for k in step_metrics[0]}
+        metrics["skipped_updates"] = float(jax.device_get(state["policy"].skipped))
+        return state, metrics
+
+    def _update_one(self, state, batch) -> dict:
+        policy_batch = {k: v for k, v in batch.items() if k not in ("old_values", "returns")}
+        state["policy"], m = self.update_policy(state["policy"], policy_batch)
+        return m
+
+
+class PPO(GRPO):
+    """GAE over a critic initialised from the policy (as veRL), the critic updated beside the policy."""
+
+    ppo = True
+
+    def init_state(self, params) -> dict:
+        critic = ts.init_critic(self.model_config, params, jax.random.PRNGKey(self.cfg.seed + 1))
+        state = super().init_state(params)
+        state["critic"] = ts.init_state(critic, self.optimizers["critic"], self.mesh)
+        self._build_critic(state)
+        return state
+
+    def _build_critic(self, state) -> None:
+        example = example_batch(self.rows, self.cfg.rollout.cache_len, ppo=True, critic=True)
+        a = self.cfg.algo
+        self.update_critic = ts.make_train_step(
+            functools.partial(ts.critic_loss, self.model_config, self.cfg.critic.clip_eps, a.agg_mode),
+            a.agg_mode,
+            a.micro_batches,
+            self.optimizers["critic"],
+            self.mesh,
+            state["critic"],
+            example,
+        )
+        self.values = ts.make_value_fn(self.model_config, self.mesh, state["critic"].params, example)
+
+    def _advantages(self, state, scores, tokens, attn, lmask, old, ref, timer) -> dict:
+        a = self.cfg.algo
+        with timer("values"):
+            values = self._per_mini_batch(self.values, state["critic"].params, tokens, attn)
+        token_rewards = outcome_token_rewards(scores, lmask)
+        if a.kl_in_reward:
+            token_rewards -= a.kl_in_reward * (old - ref) * lmask
+        advantages, returns = adv_lib.gae_advantages(
+            jnp.asarray(token_rewards), jnp.asarray(values), jnp.asarray(lmask), a.gamma, a.lam
+        )
+        return {"advantages": np.asarray(advantages), "old_values": values, "returns": np.asarray(returns)}
+
+    def _update_one(self, state, batch) -> dict:
+        m = super()._update_one(state, batch)
+        state["critic"], critic_m = self.update_critic(state["critic"], batch)
+        return dict(m, **{f"critic/{k}": v for k, v in critic_m.items()})
+
+
+def make_algorithm(cfg, model_config, mesh) -> GRPO:
+    """PPO for `algo.advantage == "gae"`, else GRPO with that group estimator. cfg: a `config.RunConfig`
+    (a ConfigDict is converted)."""
+    cfg = RunConfig.from_dict(cfg)
+    return (PPO if cfg.algo.advantage == "gae" else GRPO)(cfg, model_config, mesh)
