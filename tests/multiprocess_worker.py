@@ -31,6 +31,7 @@ from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.protocols import get_protocol
 from test_train_step import CONFIG, make_batch
+from tiny_models import tiny_qwen2_config
 
 MESH = {"fsdp": 4, "tensor": 2}
 GROUP = 4  # GRPO group size: 8 rows = 2 questions x 4
@@ -77,14 +78,7 @@ def episode_case(mesh) -> dict:
     retriever = WordOverlapRetriever()
     texts = [d.text for d in DOCS] + QUESTIONS + [protocol.user_prompt("q?", "<knowledge>k</knowledge>")]
     tok = WordTokenizer.build(texts + [protocol.invalid_hint(), 'Doc 1(Title: "t") x'])
-    config = qwen2.Qwen2Config(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-    )
+    config = tiny_qwen2_config(tok.vocab_size)
     params = init_params(config, mesh)
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
     limits = EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)

@@ -15,6 +15,8 @@ from jaxsearch.models import qwen2
 from jaxsearch.rl.algorithms import GRPO, PPO, make_algorithm
 from jaxsearch.rl.step_log import StepTimer
 
+from tiny_models import tiny_qwen2_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTH = 24
 
@@ -32,14 +34,7 @@ def _cfg(**algo):
 
 
 def _model():
-    config = qwen2.Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-    )
+    config = tiny_qwen2_config(vocab_size=50)
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
     params = jax.device_put(qwen2.init_params(config, jax.random.PRNGKey(0)), parallel.param_shardings(config, mesh))
     return config, mesh, params

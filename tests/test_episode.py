@@ -16,6 +16,8 @@ from jaxsearch.agent.trajectories import concat
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.protocols import get_protocol
 
+from tiny_models import tiny_qwen2_config
+
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -58,14 +60,7 @@ def test_random_policy_episode_masks_and_limits(world, name):
     w, retriever = world
     protocol = get_protocol(name)
     tok = _tokenizer(w, protocol)
-    config = qwen2.Qwen2Config(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-    )
+    config = tiny_qwen2_config(tok.vocab_size)
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
     smp = S.Sampler(config, table, cache_len=1024, max_segment=12, sampling=S.SamplingParams(1.0))

@@ -24,6 +24,8 @@ from jaxsearch.rl import judge as J
 from jaxsearch.rl.rewards import RewardInput, evidence_reward, judge_fabrication
 from jaxsearch.agent.sampler import generate
 
+from tiny_models import tiny_qwen2_config
+
 MODEL = "judge-model"
 
 
@@ -254,14 +256,7 @@ def random_params(config, seed=0):
 def tiny():
     """A tiny random Qwen2 whose eos logit is 1.1x token 46's: rows stop at eos where they would write 46."""
     tok = WordTokenizer.build(TEXTS)
-    config = qwen2.Qwen2Config(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-    )
+    config = tiny_qwen2_config(tok.vocab_size, num_hidden_layers=2)
     params = random_params(config)
     params["lm_head"][:, tok.eos_id] = 1.1 * params["lm_head"][:, 46]
     model = J.LocalChatModel(config, params, tok, cache_len=96, max_new_tokens=MAX_NEW, batch_size=4)

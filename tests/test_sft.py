@@ -36,6 +36,8 @@ from jaxsearch.rl.sft import (
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.agent.sampler import generate
 
+from tiny_models import tiny_qwen2_config
+
 K = 2
 WORDS = {  # hand-written: what the think text calls each relation
     "born_in": "birthplace",
@@ -203,15 +205,7 @@ def test_sft_dataset_leaves_out_long_examples_and_batches_deterministically(worl
 
 
 def tiny_config(vocab):
-    return qwen2.Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        logprob_chunk=8,
-    )
+    return tiny_qwen2_config(vocab, num_hidden_layers=2, logprob_chunk=8)
 
 
 def test_masked_nll_matches_numpy():

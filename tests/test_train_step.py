@@ -12,15 +12,9 @@ from jaxsearch import parallel
 from jaxsearch.models import qwen2
 from jaxsearch.rl import train_step as ts
 
-CONFIG = qwen2.Qwen2Config(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_hidden_layers=2,
-    tie_word_embeddings=False,
-)
+from tiny_models import tiny_qwen2_config
+
+CONFIG = tiny_qwen2_config(vocab_size=96, num_hidden_layers=2, tie_word_embeddings=False)
 
 
 def make_batch(b=8, t=24, seed=0, per_token_adv=False):

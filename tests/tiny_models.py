@@ -1,0 +1,19 @@
+"""Tiny model configs shared by the tests, so the same architecture literal is not repeated in every file."""
+
+from jaxsearch.models import qwen2
+
+
+def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
+    """A 1-layer, 32-wide Qwen2 (4 query heads of 8 dims, 2 kv heads, MLP 64): fast on CPU, yet exercises GQA.
+
+    `overrides` replace any Qwen2Config field, e.g. num_hidden_layers=2 or logprob_chunk=8.
+    """
+    fields = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+    )
+    fields.update(overrides)
+    return qwen2.Qwen2Config(vocab_size=vocab_size, **fields)
