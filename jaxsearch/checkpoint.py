@@ -3,9 +3,11 @@
 A params checkpoint directory (`save_params` / `restore_params`, for conversion and evaluation) holds
 `config.json` (the HF-style Qwen2 config) and `params/` (an orbax PyTree checkpoint).
 
-`TrainCheckpointer` keeps the trainer's full state (params, optimizer, reference params, PRNG keys)
-plus JSON metadata (data position, config, counters) in `WORKDIR/checkpoints/<step>/` with an orbax
-CheckpointManager: async saves, keep the last N, resume from the newest readable step.
+`TrainCheckpointer` keeps the trainer's state (the trainer saves {"policy": TrainState[, "critic":
+TrainState]}: params, optimizer state, update and skip counts) plus JSON metadata (the trainer saves the
+data iterator's position) in `WORKDIR/checkpoints/<step>/` with an orbax CheckpointManager: async saves,
+keep the last N, resume from the newest readable step. Nothing else is needed to resume: the reference
+policy is the starting policy again, and sampling keys derive from (config.seed, step).
 `install_sigterm_handler` turns a preemption signal into a flag the training loop polls.
 """
 
@@ -90,8 +92,8 @@ META_ITEM = "meta"
 class TrainCheckpointer:
     """Periodic, async, keep-last-N checkpoints of the trainer state under `workdir/checkpoints`.
 
-    Each step directory holds `state/` (any pytree of jax arrays: params, optimizer state, PRNG keys,
-    typed `jax.random.key` arrays included) and `meta/` (JSON: data position, config, counters).
+    Each step directory holds `state/` (any pytree of jax arrays, typed `jax.random.key` arrays included;
+    the trainer's TrainStates) and `meta/` (JSON; the trainer's data-iterator position).
     Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it once complete, so a
     crash mid-save (even SIGKILL) leaves only a tmp directory, which is ignored and removed on the
     next start.

@@ -12,6 +12,10 @@ import jax.numpy as jnp
 
 from jaxsearch.models import hf_io, qwen2
 from hf_reference import TINY_CONFIGS, hf_logits, left_padded_batch, make_hf_model
+from tiny_models import tiny_qwen2_config
+
+# the sharding tests' model: 16 wide (4 heads of 4 dims, 2 kv heads), MLP 24, a 32-token vocabulary
+SHARDED_TINY = tiny_qwen2_config(32, hidden_size=16, intermediate_size=24)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
@@ -224,14 +228,7 @@ def test_activation_constraints_shard_the_layers_along_the_batch():
     the output equals the unconstrained one, and outside the context the model adds no constraint at all."""
     from jaxsearch import parallel
 
-    config = qwen2.Qwen2Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=24,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-    )
+    config = SHARDED_TINY
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
     ids = np.arange(8 * 6, dtype=np.int32).reshape(8, 6) % 32
     mesh = parallel.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
@@ -261,14 +258,7 @@ def test_activation_constraints_replicate_what_the_mesh_does_not_divide_and_foll
 
     from jaxsearch import parallel
 
-    config = qwen2.Qwen2Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=24,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-    )
+    config = SHARDED_TINY
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
     ids = np.arange(2 * 6, dtype=np.int32).reshape(2, 6) % 32
     mesh = parallel.make_mesh({"fsdp": 2, "tensor": 4})
@@ -287,14 +277,7 @@ def test_activation_constraints_replicate_what_the_mesh_does_not_divide_and_foll
 
 
 def test_every_param_has_logical_axes():
-    config = qwen2.Qwen2Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=24,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-    )
+    config = tiny_qwen2_config(32, hidden_size=16, intermediate_size=24, num_hidden_layers=2)
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
     axes = qwen2.logical_axes(config)
     flat_p = jax.tree_util.tree_leaves_with_path(params)
