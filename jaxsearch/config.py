@@ -187,6 +187,18 @@ class DistributedConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """What an agent engine is built from (`agent.build.build_engine`): a training run's sections, or
+    `launch/eval.py`'s command line."""
+
+    tokenizer: TokenizerConfig
+    protocol: ProtocolConfig
+    retriever: RetrieverConfig
+    initial_retriever: RetrieverConfig | None  # EKA's P0 from another corpus (None: the retriever)
+    rollout: RolloutConfig
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     seed: int
     total_steps: int
@@ -223,6 +235,12 @@ class RunConfig:
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def agent(self) -> AgentConfig:
+        return AgentConfig(
+            self.tokenizer, self.protocol, self.retriever, self.initial_retriever, self.rollout
+        )
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -250,7 +268,11 @@ _OPTIONAL = {
         )
     },
     "tokenizer.path": ("",),
-    **{f"{s}.{k}": ("",) for s in ("retriever", "initial_retriever") for k in ("corpus", "index", "url", "encoder")},
+    **{
+        f"{s}.{k}": ("",)
+        for s in ("retriever", "initial_retriever")
+        for k in ("corpus", "index", "url", "encoder")
+    },
     "sft.mistake": ("",),
     "sft.questions": (0,),
     "distributed.coordinator": ("",),

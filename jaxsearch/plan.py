@@ -228,7 +228,9 @@ def _shardings(tree):
 def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
     """The trainer's update (`train_step.jit_train_step`) compiled on the abstract state and batch."""
     mesh = _mesh_of(state.params)
-    jitted = ts.jit_train_step(loss_fn, agg_mode, micro_batches, optimizer, mesh, _shardings(state), _shardings(batch))
+    jitted = ts.jit_train_step(
+        loss_fn, agg_mode, micro_batches, optimizer, mesh, _shardings(state), _shardings(batch)
+    )
     return compile_fn(jitted, state, batch)
 
 
@@ -253,7 +255,9 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dic
     mesh = _mesh_of(params)
     lengths = cache["lengths"]
     rows = lengths.shape[0]
-    logits = jax.ShapeDtypeStruct((rows, config.vocab_size), jnp.float32, sharding=parallel.batch_sharding(mesh, 2))
+    logits = jax.ShapeDtypeStruct(
+        (rows, config.vocab_size), jnp.float32, sharding=parallel.batch_sharding(mesh, 2)
+    )
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
     keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P()))
     state = sampler_lib.DecodeState(cache=cache, logits=logits, keys=keys)

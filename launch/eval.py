@@ -144,46 +144,69 @@ def settings(args) -> dict:
     return out
 
 
-def make_config(args):
-    """configs/base.py with the command line's model, protocol, retriever, rollout and judge settings."""
-    import ml_collections
+def agent_config(args):
+    """The agent to evaluate (tokenizer, protocol, retrievers, decoding) from the command line."""
+    from jaxsearch.config import AgentConfig, ProtocolConfig, RetrieverConfig, RolloutConfig, TokenizerConfig
 
-    from configs import base
+    tokenizer = (
+        TokenizerConfig("qwen", None) if args.tokenizer == "qwen" else TokenizerConfig("word", args.tokenizer)
+    )
+    retriever = RetrieverConfig(
+        args.retriever, args.corpus or None, args.index or None, args.url or None, args.encoder
+    )
+    initial = None
+    if args.initial_corpus:  # EKA's noisy-P0 ablation: P0 from another corpus, by BM25
+        initial = RetrieverConfig("bm25", args.initial_corpus, args.initial_index or None, None, None)
+    rollout = RolloutConfig(
+        max_turns=args.max_turns,
+        retrieval_k=args.topk,
+        initial_k=args.initial_k or args.topk,
+        internal_k=3,  # SOAR's listed facts per search (configs/base.py)
+        max_segment_tokens=args.max_segment_tokens,
+        max_obs_tokens=args.max_obs_tokens,
+        cache_len=args.cache_len,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=0,
+        eval_temperature=args.temperature,
+        eval_top_p=args.top_p,
+        eval_retrieval_k=args.topk,
+        micro_batch=0,
+    )
+    protocol = ProtocolConfig(args.protocol, args.eka_tags, data_prompt=not args.builtin_prompt)
+    return AgentConfig(tokenizer, protocol, retriever, initial, rollout)
 
-    cfg = ml_collections.ConfigDict(base.get_config().to_dict())
+
+def model_config(args):
+    """The checkpoint to load, in --dtype (params and compute), without rematerialisation (no training)."""
+    from jaxsearch.config import ModelConfig
+
     kind = checkpoint_kind(args.checkpoint)
-    cfg.model.hf_path = args.checkpoint if kind == "hf" else ""
-    cfg.model.orbax_path = args.checkpoint if kind == "orbax" else ""
-    cfg.model.dtype = cfg.model.param_dtype = args.dtype
-    cfg.model.remat = False
-    cfg.tokenizer.kind, cfg.tokenizer.path = (
-        ("qwen", "") if args.tokenizer == "qwen" else ("word", args.tokenizer)
+    sizes = dict.fromkeys(
+        "vocab_size hidden_size intermediate_size num_attention_heads num_key_value_heads num_hidden_layers".split()
     )
-    cfg.protocol.name, cfg.protocol.tags = args.protocol, args.eka_tags
-    cfg.retriever.update(
-        dict(kind=args.retriever, corpus=args.corpus, index=args.index, url=args.url, encoder=args.encoder)
+    return ModelConfig(
+        hf_path=args.checkpoint if kind == "hf" else None,
+        orbax_path=args.checkpoint if kind == "orbax" else None,
+        preset=None,
+        dtype=args.dtype,
+        param_dtype=args.dtype,
+        remat=False,
+        logprob_chunk=512,
+        attention_chunk=512,
+        scan_layers=False,
+        tie_word_embeddings=False,
+        **sizes,
     )
-    if args.initial_corpus:
-        cfg.initial_retriever.update(dict(kind="bm25", corpus=args.initial_corpus, index=args.initial_index))
-    cfg.rollout.update(
-        dict(
-            max_turns=args.max_turns,
-            retrieval_k=args.topk,
-            eval_retrieval_k=args.topk,
-            initial_k=args.initial_k or args.topk,
-            max_segment_tokens=args.max_segment_tokens,
-            max_obs_tokens=args.max_obs_tokens,
-            cache_len=args.cache_len,
-            eval_temperature=args.temperature,
-            eval_top_p=args.top_p,
-            micro_batch=0,
-        )
-    )
-    cfg.data.eval = ml_collections.ConfigDict()
-    if args.judge_url:
-        cfg.judge.update(dict(kind="openai", base_url=args.judge_url, model=args.judge_model))
-    cfg.seed = args.seed
-    return cfg
+
+
+def judge_config(args):
+    """--judge-url / --judge-model as the judge's chat model (greedy, 512 new tokens), or None."""
+    from jaxsearch.config import ChatModelConfig
+
+    if not args.judge_url:
+        return None
+    return ChatModelConfig("openai", args.judge_url, args.judge_model, "", "qwen", 4096, 512, 0.0, 1.0)
 
 
 def main(argv=None) -> int:
@@ -191,7 +214,9 @@ def main(argv=None) -> int:
     progress = not args.no_progress
     try:  # every input error below is a ValueError (QADataError, EvalError, CorpusError) or a missing file
         checkpoint_kind(args.checkpoint)
-        datasets = load_datasets(args.datasets, args.limit, args.sample, args.sample_seed)  # before the heavy imports: bad input fails fast
+        datasets = load_datasets(
+            args.datasets, args.limit, args.sample, args.sample_seed
+        )  # before the heavy imports: bad input fails fast
         from jaxsearch.eval import evaluate as ev
 
         ev.claim_out_dir(args.out, settings(args), args.datasets)
@@ -228,16 +253,14 @@ def run(args, datasets, progress: bool) -> dict:
     """Load the policy, retriever(s), encoder and judge, then evaluate the missing examples."""
     from jaxsearch import parallel
     from jaxsearch.agent.build import build_engine
-    from jaxsearch.config import RunConfig
     from jaxsearch.eval import evaluate as ev
     from jaxsearch.models.policy import load_policy
     from jaxsearch.retrieval.corpus import Corpus
-    from jaxsearch.rl.judge import judge_from_config
+    from jaxsearch.rl.judge import chat_judge
 
-    cfg = RunConfig.from_dict(make_config(args))
-    mesh = parallel.make_mesh(dict(cfg.mesh))
-    config, params = load_policy(cfg.model, cfg.seed, mesh)
-    engine = build_engine(cfg, config, mesh, evaluation=True)
+    mesh = parallel.make_mesh({"fsdp": -1})
+    config, params = load_policy(model_config(args), args.seed, mesh)
+    engine = build_engine(agent_config(args), config, mesh, evaluation=True)
     gold_corpus, encoder = None, None
     if args.rs_encoder != "none" and any(ex.supporting_ids for exs in datasets.values() for ex in exs):
         gold_corpus = getattr(engine.retriever, "corpus", None)
@@ -259,7 +282,7 @@ def run(args, datasets, progress: bool) -> dict:
         include_initial=not args.exclude_p0,
         progress=progress,
         use_data_prompt=not args.builtin_prompt,
-        judge=judge_from_config(cfg),
+        judge=chat_judge(judge_config(args)),
     )
 
 

@@ -36,7 +36,9 @@ def _cfg(**algo):
 def _model():
     config = tiny_qwen2_config(vocab_size=50)
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    params = jax.device_put(qwen2.init_params(config, jax.random.PRNGKey(0)), parallel.param_shardings(config, mesh))
+    params = jax.device_put(
+        qwen2.init_params(config, jax.random.PRNGKey(0)), parallel.param_shardings(config, mesh)
+    )
     return config, mesh, params
 
 
@@ -62,8 +64,10 @@ def _trajectories(rows=4, seed=0) -> Trajectories:
 def _numpy_logprobs(config, params, tokens, attn, temperature=1.0):
     """log p(tokens[b, t] | tokens[b, :t]) from the model's logits by a numpy log-softmax ([B, T], 0 at t = 0)."""
     logits = np.asarray(qwen2.forward(config, params, tokens, attn), np.float64) / temperature
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
-        -1, keepdims=True
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
     )
     out = np.zeros(tokens.shape)
     out[:, 1:] = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
@@ -100,7 +104,9 @@ def test_grpo_batches_hold_group_advantages_and_the_policy_logprobs():
     assert len(batches) == 2 and all(b["tokens"].shape == (2, WIDTH) for b in batches)
     joined = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
     # GRPO: (r - group mean) / (unbiased group std + 1e-6); a constant group gets 0
-    np.testing.assert_allclose(joined["advantages"], [0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6), 0, 0], rtol=1e-5)
+    np.testing.assert_allclose(
+        joined["advantages"], [0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6), 0, 0], rtol=1e-5
+    )
     expected = _numpy_logprobs(config, params, traj.tokens, traj.attention_mask)
     mask = traj.attention_mask == 1
     np.testing.assert_allclose(joined["old_logprobs"][mask], expected[mask], atol=2e-4)
@@ -121,7 +127,9 @@ def test_ppo_batches_hold_gae_over_the_critic_with_the_kl_in_the_reward():
     algo = make_algorithm(cfg, config, mesh)
     assert type(algo) is PPO
     state = algo.init_state(params)
-    state, _ = algo.update(state, algo.prepare(state, _trajectories(seed=1), np.ones(4, np.float32), StepTimer()))
+    state, _ = algo.update(
+        state, algo.prepare(state, _trajectories(seed=1), np.ones(4, np.float32), StepTimer())
+    )
     traj, scores = _trajectories(seed=2), np.array([1.0, 0.0, 0.5, 2.0], np.float32)
     timer = StepTimer()
     joined = {k: np.concatenate([b[k] for b in algo.prepare(state, traj, scores, timer)]) for k in ("advantages", "returns", "old_values", "old_logprobs", "ref_logprobs")}  # fmt: skip
@@ -130,7 +138,9 @@ def test_ppo_batches_hold_gae_over_the_critic_with_the_kl_in_the_reward():
     rewards = -0.1 * (joined["old_logprobs"] - joined["ref_logprobs"]) * lmask
     for b in range(4):  # the outcome on the last policy token
         rewards[b, np.flatnonzero(lmask[b])[-1]] += scores[b]
-    adv, ret = _numpy_gae(rewards.astype(np.float64), joined["old_values"].astype(np.float64), lmask, 0.9, 0.8)
+    adv, ret = _numpy_gae(
+        rewards.astype(np.float64), joined["old_values"].astype(np.float64), lmask, 0.9, 0.8
+    )
     np.testing.assert_allclose(joined["returns"][lmask == 1], ret[lmask == 1], atol=1e-4)
     np.testing.assert_allclose(joined["advantages"][lmask == 1], adv[lmask == 1], atol=1e-3)
     state, metrics = algo.update(state, algo.prepare(state, traj, scores, timer))

@@ -11,7 +11,9 @@ import pytest
 from jaxsearch.config import ConfigError, RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "configs", "*.py")) if "__" not in p)
+CONFIGS = sorted(
+    os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "configs", "*.py")) if "__" not in p
+)
 
 
 def _config(name):

@@ -293,7 +293,7 @@ def test_in_process_judge_and_resume_counts_retriever_calls(tiny, tmp_path):
     )
     from jaxsearch.agent.build import build_engine
 
-    cfg = launch.make_config(args)
+    cfg = launch.agent_config(args)
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
     setup = build_engine(cfg, tiny["config"], mesh, evaluation=True)
 
@@ -365,7 +365,7 @@ def _setup(tiny, *extra):
     from jaxsearch.agent.build import build_engine
 
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    return build_engine(launch.make_config(args), tiny["config"], mesh, evaluation=True)
+    return build_engine(launch.agent_config(args), tiny["config"], mesh, evaluation=True)
 
 
 def test_merged_search_r1_test_set_per_data_source(tiny, tmp_path):

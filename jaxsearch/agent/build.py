@@ -1,8 +1,8 @@
-"""An agent engine from a `config.RunConfig`'s sections (tokenizer, protocol, retriever, initial_retriever,
-rollout).
+"""An agent engine from a `config.AgentConfig` (a RunConfig's tokenizer, protocol, retriever,
+initial_retriever and rollout sections, or launch/eval.py's command line).
 
     engine = build_engine(cfg, model_config, mesh)                  # training rollouts
-    eval_engine = for_evaluation(engine, cfg)                        # eval sampling and top-k, same parts
+    eval_engine = for_evaluation(engine, cfg.rollout)                # eval sampling and top-k, same parts
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 from jaxsearch.agent import sampler as sampler_lib
 from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent.protocols import get_protocol
-from jaxsearch.config import RunConfig
+from jaxsearch.config import AgentConfig, RunConfig
 from jaxsearch.retrieval.factory import make_retriever
 from jaxsearch.retrieval.host_split import HostSplitRetriever
 
@@ -48,11 +48,15 @@ def build_protocol(pcfg):
     return get_protocol(pcfg.name, **({"tags": pcfg.tags} if pcfg.name == "eka" else {}))
 
 
-def build_sampler(cfg, model_config, tokenizer, protocol, mesh, temperature: float, top_p: float):
-    """The rollout's KV-cache sampler at one temperature / top_p (temperature 0: greedy, no top-p / top-k)."""
-    r = cfg.rollout
-    table = sampler_lib.StopTable.build(tokenizer, protocol.stop_strings, [tokenizer.eos_id], model_config.vocab_size)
-    sampling = sampler_lib.SamplingParams(temperature, top_p if temperature else 1.0, r.top_k if temperature else 0)
+def build_sampler(r, model_config, tokenizer, protocol, mesh, temperature: float, top_p: float):
+    """The rollout's KV-cache sampler (`r`: a `config.RolloutConfig`) at one temperature / top_p
+    (temperature 0: greedy, no top-p / top-k)."""
+    table = sampler_lib.StopTable.build(
+        tokenizer, protocol.stop_strings, [tokenizer.eos_id], model_config.vocab_size
+    )
+    sampling = sampler_lib.SamplingParams(
+        temperature, top_p if temperature else 1.0, r.top_k if temperature else 0
+    )
     return sampler_lib.Sampler(
         model_config,
         table,
@@ -64,19 +68,20 @@ def build_sampler(cfg, model_config, tokenizer, protocol, mesh, temperature: flo
     )
 
 
-def build_engine(cfg, model_config, mesh, evaluation: bool = False) -> AgentEngine:
-    """The agent of `cfg` with the training sampling (temperature, top_p, retrieval_k), or with `evaluation`
-    the evaluation's (`for_evaluation`). SOAR's internal stream samples at the evaluation settings."""
-    cfg = RunConfig.from_dict(cfg)
+def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: bool = False) -> AgentEngine:
+    """The agent of `cfg` (a RunConfig's agent sections, or an AgentConfig) with the training sampling
+    (temperature, top_p, retrieval_k), or with `evaluation` the evaluation's (`for_evaluation`). SOAR's
+    internal stream samples at the evaluation settings."""
+    cfg = cfg if isinstance(cfg, AgentConfig) else RunConfig.from_dict(cfg).agent
     r = cfg.rollout
     tokenizer = load_tokenizer(cfg.tokenizer)
     protocol = build_protocol(cfg.protocol)
-    eval_sampler = build_sampler(cfg, model_config, tokenizer, protocol, mesh, r.eval_temperature, r.eval_top_p)
+    eval_sampler = build_sampler(r, model_config, tokenizer, protocol, mesh, r.eval_temperature, r.eval_top_p)
     engine = AgentEngine(
         tokenizer,
         protocol,
         build_retriever(cfg.retriever),
-        build_sampler(cfg, model_config, tokenizer, protocol, mesh, r.temperature, r.top_p),
+        build_sampler(r, model_config, tokenizer, protocol, mesh, r.temperature, r.top_p),
         EpisodeConfig(
             max_turns=r.max_turns,
             retrieval_k=r.retrieval_k,
@@ -89,11 +94,11 @@ def build_engine(cfg, model_config, mesh, evaluation: bool = False) -> AgentEngi
         internal_sampler=eval_sampler,
         micro_batch=r.micro_batch,
     )
-    return for_evaluation(engine, cfg) if evaluation else engine
+    return for_evaluation(engine, r) if evaluation else engine
 
 
-def for_evaluation(engine: AgentEngine, cfg) -> AgentEngine:
+def for_evaluation(engine: AgentEngine, rollout) -> AgentEngine:
     """The same agent (tokenizer, retrievers, compiled functions) with the evaluation's sampler
-    (eval_temperature, eval_top_p) and top-k (eval_retrieval_k)."""
-    limits = dataclasses.replace(engine.limits, retrieval_k=cfg.rollout.eval_retrieval_k)
+    (eval_temperature, eval_top_p) and top-k (eval_retrieval_k) of `rollout` (a `config.RolloutConfig`)."""
+    limits = dataclasses.replace(engine.limits, retrieval_k=rollout.eval_retrieval_k)
     return engine.replace(sampler=engine.internal_sampler, limits=limits)

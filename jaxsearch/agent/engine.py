@@ -149,7 +149,9 @@ class AgentEngine:
             if messages is not None and messages[i] is not None:
                 chat = messages[i]
             else:
-                chat = self.protocol.build_messages(question, self.protocol.initial_block(docs) if docs else None)
+                chat = self.protocol.build_messages(
+                    question, self.protocol.initial_block(docs) if docs else None
+                )
             text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
             rows.append(Row(self.tokenizer.encode(text, allow_special=True), docs))
         room = self.sampler.cache_len - max(r.length for r in rows)
@@ -200,7 +202,10 @@ class AgentEngine:
         if internal is not None:
             k = self.limits.internal_k
             generated = internal([self.protocol.internal_knowledge_messages(q, k) for q in queries], turn)
-            facts = [self.protocol.format_internal_facts(self.protocol.parse_internal_facts(g, k)) for g in generated]
+            facts = [
+                self.protocol.format_internal_facts(self.protocol.parse_internal_facts(g, k))
+                for g in generated
+            ]
         clock["retrieval"] += time.perf_counter() - t
         observations = {}
         for j, (i, _) in enumerate(searches):

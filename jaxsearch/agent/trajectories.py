@@ -120,7 +120,9 @@ def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectorie
         )
     responses = ["".join(t for kind, t in r.texts if kind != HINT) for r in rows]
     external = [
-        "".join(protocol.external_view(t) if kind == OBSERVATION else t for kind, t in r.texts if kind != HINT)
+        "".join(
+            protocol.external_view(t) if kind == OBSERVATION else t for kind, t in r.texts if kind != HINT
+        )
         for r in rows
     ]
     parse_evidence = getattr(protocol, "parse_evidence", lambda _: None)

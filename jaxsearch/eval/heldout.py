@@ -1,7 +1,7 @@
 """Metrics of a batch of episodes, and the periodic held-out evaluation a training run logs.
 
-    stats = trajectory_stats(traj, examples)     # Search-R1's rollout metrics + entropy per segment type
-    metrics = heldout_metrics(engine, params, eval_sets, key, judge)   # {"eval/NAME/em": ..., ...}
+stats = trajectory_stats(traj, examples)     # Search-R1's rollout metrics + entropy per segment type
+metrics = heldout_metrics(engine, params, eval_sets, key, judge)   # {"eval/NAME/em": ..., ...}
 """
 
 from __future__ import annotations

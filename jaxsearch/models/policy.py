@@ -41,7 +41,9 @@ def model_config(m) -> qwen2.Qwen2Config:
             **numerics,
         )
     if m.preset is None:
-        raise ValueError("config.model: set a preset, explicit sizes (vocab_size, hidden_size, ...) or a checkpoint path")
+        raise ValueError(
+            "config.model: set a preset, explicit sizes (vocab_size, hidden_size, ...) or a checkpoint path"
+        )
     return qwen2.preset(m.preset, **numerics)
 
 
@@ -51,7 +53,9 @@ def load_policy(m, seed: int, mesh) -> tuple[qwen2.Qwen2Config, dict]:
     if m.hf_path or m.orbax_path:
         # shardings need only the shapes in config.json: read each checkpoint once, onto its devices
         path = m.hf_path or m.orbax_path
-        shardings = parallel.param_shardings(qwen2.Qwen2Config.from_hf_json(os.path.join(path, "config.json")), mesh)
+        shardings = parallel.param_shardings(
+            qwen2.Qwen2Config.from_hf_json(os.path.join(path, "config.json")), mesh
+        )
         if m.hf_path:
             config, params = hf_io.load_hf(path, jnp.dtype(m.param_dtype), shardings, overrides)
         else:
@@ -60,5 +64,7 @@ def load_policy(m, seed: int, mesh) -> tuple[qwen2.Qwen2Config, dict]:
     else:
         config = model_config(m)
         shardings = parallel.param_shardings(config, mesh)
-        params = jax.jit(lambda k: qwen2.init_params(config, k), out_shardings=shardings)(jax.random.PRNGKey(seed))
+        params = jax.jit(lambda k: qwen2.init_params(config, k), out_shardings=shardings)(
+            jax.random.PRNGKey(seed)
+        )
     return config.replace(dtype=m.dtype), params

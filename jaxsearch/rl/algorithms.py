@@ -161,9 +161,15 @@ class GRPO:
         with timer("old_logprobs"):
             old = self._per_mini_batch(self.logprobs, state["policy"].params, tokens, attn)
         with timer("ref_logprobs"):
-            ref = old if self.ref_params is None else self._per_mini_batch(self.logprobs, self.ref_params, tokens, attn)
+            ref = (
+                old
+                if self.ref_params is None
+                else self._per_mini_batch(self.logprobs, self.ref_params, tokens, attn)
+            )
         extra = self._advantages(state, scores, tokens, attn, lmask, old, ref, timer)
-        full = dict(tokens=tokens, attention_mask=attn, loss_mask=lmask, old_logprobs=old, ref_logprobs=ref, **extra)
+        full = dict(
+            tokens=tokens, attention_mask=attn, loss_mask=lmask, old_logprobs=old, ref_logprobs=ref, **extra
+        )
         return [{k: v[sl] for k, v in full.items()} for sl in self.slices()]
 
     def _advantages(self, state, scores, tokens, attn, lmask, old, ref, timer) -> dict:

@@ -321,7 +321,11 @@ def chat_model_from_config(mcfg) -> ChatModel:
         return make_chat_model("openai", base_url=mcfg.base_url, model=mcfg.model)
     if mcfg.kind == "local":
         return make_chat_model(
-            "local", path=mcfg.path, tokenizer=mcfg.tokenizer, cache_len=mcfg.cache_len, max_new_tokens=mcfg.max_new_tokens
+            "local",
+            path=mcfg.path,
+            tokenizer=mcfg.tokenizer,
+            cache_len=mcfg.cache_len,
+            max_new_tokens=mcfg.max_new_tokens,
         )
     if mcfg.kind == "world":
         from jaxsearch.data.world.oracle import WorldChatModel
@@ -330,9 +334,9 @@ def chat_model_from_config(mcfg) -> ChatModel:
     raise ValueError(f"config: chat model kind {mcfg.kind!r}: expected 'openai', 'local' or 'world'")
 
 
-def judge_from_config(cfg) -> ChatJudge | None:
-    """SOAR's judge (fabrication, and source consistency by a judge) from config.judge; None without one."""
-    j = cfg.judge
+def chat_judge(j) -> ChatJudge | None:
+    """SOAR's judge (fabrication, and source consistency by a judge) from config.judge (a
+    `config.ChatModelConfig`); None without one."""
     if j is None:
         return None
     return ChatJudge(chat_model_from_config(j), max_tokens=j.max_new_tokens, temperature=j.temperature)
@@ -348,16 +352,27 @@ def reward_fn_from_config(cfg) -> rewards_lib.WeightedSum:
         if name == "evidence":
             e = cfg.evidence_model
             if e is None:
-                raise ValueError("config.reward.terms: 'evidence' needs config.evidence_model (kind openai, local or world)")
+                raise ValueError(
+                    "config.reward.terms: 'evidence' needs config.evidence_model (kind openai, local or world)"
+                )
             answerer = ChatEvidenceAnswerer(
-                chat_model_from_config(e), max_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p
+                chat_model_from_config(e),
+                max_tokens=e.max_new_tokens,
+                temperature=e.temperature,
+                top_p=e.top_p,
             )
             fn = rewards_lib.evidence_reward(answerer)
         elif name in ("grounded", "source_consistency_judge"):
-            judge = judge_from_config(cfg)
+            judge = chat_judge(cfg.judge)
             if judge is None:
-                raise ValueError(f"config.reward.terms: {name!r} needs config.judge (kind openai, local or world)")
-            make = rewards_lib.fabrication_reward if name == "grounded" else rewards_lib.source_consistency_judge_reward
+                raise ValueError(
+                    f"config.reward.terms: {name!r} needs config.judge (kind openai, local or world)"
+                )
+            make = (
+                rewards_lib.fabrication_reward
+                if name == "grounded"
+                else rewards_lib.source_consistency_judge_reward
+            )
             fn = make(judge)
         else:
             fn = rewards_lib.get_reward(name)

@@ -1,8 +1,8 @@
 """What a training step logs: `StepTimer` (seconds per section) and `MetricWriter` (JSONL + TensorBoard).
 
-    timer = StepTimer()
-    with timer("rollout"): ...
-    metrics.update(timer.metrics())     # time/rollout_s, ..., time/step_s, time/other_s
+timer = StepTimer()
+with timer("rollout"): ...
+metrics.update(timer.metrics())     # time/rollout_s, ..., time/step_s, time/other_s
 """
 
 from __future__ import annotations

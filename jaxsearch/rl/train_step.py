@@ -29,6 +29,7 @@ from jaxsearch import multihost, parallel
 from jaxsearch.models import qwen2
 from jaxsearch.rl import losses
 
+
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """The policy objective. Static under jit."""
@@ -271,7 +272,9 @@ def batch_shardings(mesh, batch: dict):
     return {k: parallel.batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
 
 
-def jit_train_step(loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state_shardings, batch_shardings):
+def jit_train_step(
+    loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state_shardings, batch_shardings
+):
     """`train_step` jitted with the state's shardings in and out, the batch over the data axes, the state
     donated, under the mesh's activation sharding: what `make_train_step` runs and `launch/plan.py` lowers."""
     step = functools.partial(
@@ -295,7 +298,9 @@ def make_train_step(
     Policy: `make_train_step(policy_loss_fn(config, loss_cfg), loss_cfg.agg_mode, loss_cfg.micro_batches, ...)`;
     critic: `functools.partial(critic_loss, config, clip_eps, agg_mode)` as the loss."""
     b_shard = batch_shardings(mesh, batch_example)
-    jitted = jit_train_step(loss_fn, agg_mode, micro_batches, optimizer, mesh, state_shardings(state), b_shard)
+    jitted = jit_train_step(
+        loss_fn, agg_mode, micro_batches, optimizer, mesh, state_shardings(state), b_shard
+    )
 
     def update(state: TrainState, batch: dict):
         # a host batch (the same on every process) becomes global arrays: jit cannot place numpy inputs on

@@ -56,7 +56,11 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     mesh = parallel.make_mesh(dict(cfg.mesh))
     config, params = load_policy(cfg.model, cfg.seed, mesh)
     engine = build_engine(cfg, config, mesh)
-    eval_engine, held_out, judge = for_evaluation(engine, cfg), eval_sets(cfg.data), judge_lib.judge_from_config(cfg)
+    eval_engine, held_out, judge = (
+        for_evaluation(engine, cfg.rollout),
+        eval_sets(cfg.data),
+        judge_lib.chat_judge(cfg.judge),
+    )
     reward_fn = judge_lib.reward_fn_from_config(cfg)
     algo = make_algorithm(cfg, config, mesh)
     state = algo.init_state(params)
@@ -64,7 +68,9 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
 
     def evaluate(step: int) -> dict:
         key = step_key(cfg.seed, EVAL_STREAM, step)
-        return heldout_metrics(eval_engine, state["policy"].params, held_out, key, judge, cfg.protocol.data_prompt)
+        return heldout_metrics(
+            eval_engine, state["policy"].params, held_out, key, judge, cfg.protocol.data_prompt
+        )
 
     # --- resume: state and data position from the last checkpoint, metrics after it forgotten
     d = cfg.data
