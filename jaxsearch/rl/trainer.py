@@ -56,11 +56,8 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     mesh = parallel.make_mesh(dict(cfg.mesh))
     config, params = load_policy(cfg.model, cfg.seed, mesh)
     engine = build_engine(cfg, config, mesh)
-    eval_engine, held_out, judge = (
-        for_evaluation(engine, cfg.rollout),
-        eval_sets(cfg.data),
-        judge_lib.chat_judge(cfg.judge),
-    )
+    eval_engine = for_evaluation(engine, cfg.rollout)  # the same agent, the evaluation's sampling
+    held_out, judge = eval_sets(cfg.data), judge_lib.chat_judge(cfg.judge)
     reward_fn = judge_lib.reward_fn_from_config(cfg)
     algo = make_algorithm(cfg, config, mesh)
     state = algo.init_state(params)
