@@ -200,7 +200,7 @@ def run_batch(
                 "truncated": bool(traj.truncated[i]),
                 "response": traj.responses[i],
                 "initial_doc_ids": [d.id for d in traj.initial_docs[i]],
-                "doc_ids": traj.doc_ids[i],
+                "doc_ids": [[d.id for d in docs] for docs in traj.docs[i]],
                 "prompt_length": int(traj.prompt_lengths[i]),
                 "tokens": traj.tokens[i, :length].tolist(),
                 "loss_mask": traj.loss_mask[i, :length].tolist(),
