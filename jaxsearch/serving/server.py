@@ -1,0 +1,542 @@
+"""A search agent behind OpenAI's chat-completions API; concurrent requests share one batched rollout.
+
+    server = make_server(engine, params, "my-agent", port=8000)    # engine: agent.engine.AgentEngine
+    server.serve_forever()                                          # launch/serve_agent.py does this
+
+`GET /v1/models` -> `{"object": "list", "data": [{"id": NAME, "object": "model", "owned_by": "jaxsearch"}]}`.
+
+`POST /v1/chat/completions` takes OpenAI's body (`model`, `messages`, optional `stream`, `temperature`,
+`max_tokens`, `n`, `seed`; other fields are ignored). The question is the content of the last `user`
+message (a string, or a list of `{"type": "text", "text": ...}` parts, joined); other messages are not
+shown to the agent: it runs its own protocol's prompt around the question and its full search loop
+(`AgentEngine.rollout`). The reply is OpenAI's `chat.completion` with the agent's answer as the assistant
+message, `finish_reason` "stop" (it answered) or "length" (no answer: out of turns or cache room; the
+content is then ""), `usage` (prompt tokens; completion tokens = the tokens the policy sampled,
+observations not counted) and an extra `search_agent` field: turns, each search's query (parsed by the
+protocol from the policy segment that asked for it) and retrieved docs `{id, title, text}`, EKA's initial
+docs, the whole response text, and whether the episode ran out of cache room.
+
+`stream: true` answers with server-sent events as OpenAI does: a chunk with `delta {"role": "assistant"}`
+at once, then, once the rollout is done, a chunk with the answer as `delta {"content": ...}`, a last chunk
+with `finish_reason`, `usage` and `search_agent`, and `data: [DONE]`. The answer is not streamed token by
+token: it is known only when the episode ends.
+
+Batching: a worker thread takes the pending requests (up to `max_batch`, waiting at most `batch_wait_s`
+after the first), pads them to `max_batch` rows with the last question (one compiled shape, as
+`eval.evaluate.run_batch` does) and runs one `engine.rollout` for all. Greedy rows do not disturb each
+other, so a greedy answer does not depend on what it was batched with. The batch is lockstep: a request
+arriving during a rollout waits for the next one.
+
+Sampling is the engine's (`--temperature` of launch/serve_agent.py; greedy by default). A request's
+`temperature` must be absent, null or equal to it (else 400); `seed` is checked and, as `max_tokens`, not
+used: the engine's limits (turns, segment tokens, cache length) bound an episode. With temperature > 0
+batch b samples with `fold_in(key(seed), b)`, row i of it as the engine does.
+
+Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`: 400 `invalid_request_error` naming
+the bad field in `param` (`messages[1].content`, `temperature`, ...), 404 for an unknown path or model,
+405 for a wrong method, 413 for a body over 4 MiB, 500 `server_error` when a rollout fails. A question whose
+prompt leaves the cache no room to act gets a 400 (param `messages`) without failing the requests batched
+with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import queue
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+
+import numpy as np
+
+MAX_BODY = 4 << 20
+MODELS_PATH = "/v1/models"
+CHAT_PATH = "/v1/chat/completions"
+
+
+class RequestError(Exception):
+    """An error answered to the client as OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    """What the server uses of a chat-completions body."""
+
+    question: str
+    stream: bool
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _bad(param: str | None, message: str) -> RequestError:
+    return RequestError(400, f"{param}: {message}" if param else message, param)
+
+
+def _content_text(content, param: str) -> str:
+    """A message's content: a string, or a list of text parts (joined), else a 400 naming `param`."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            where = f"{param}[{j}]"
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise _bad(where, 'expected a text part {"type": "text", "text": str}')
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(param, f"expected a string or a list of text parts, got {type(content).__name__}")
+
+
+def parse_chat_request(raw: bytes, model_name: str, temperature: float) -> ChatRequest:
+    """The question and stream flag of a chat-completions body, or a RequestError naming the bad field."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _bad(None, f"invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise _bad(None, f"expected a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise _bad("model", "expected a string (the served model: GET /v1/models)")
+    if model != model_name:
+        raise RequestError(
+            404,
+            f"model {model!r} does not exist; this server serves {model_name!r}",
+            "model",
+            code="model_not_found",
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "expected a non-empty list of {role, content} messages")
+    question = None
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f"messages[{i}]", "expected an object {role, content}")
+        if not isinstance(message.get("role"), str):
+            raise _bad(f"messages[{i}].role", "expected a string")
+        content = message.get("content")
+        if content is None and message["role"] != "user":
+            continue  # an assistant message with tool calls only
+        text = _content_text(content, f"messages[{i}].content")
+        if message["role"] == "user":
+            question = (text, f"messages[{i}].content")
+    if question is None:
+        raise _bad("messages", "no user message: the question is the last user message's content")
+    if not question[0].strip():
+        raise _bad(question[1], "the question (the last user message) is empty")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream", "expected a boolean")
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise _bad("n", f"only n=1 is supported, got {n!r}")
+    t = body.get("temperature")
+    if t is not None:
+        if not _is_number(t) or not 0 <= t <= 2:
+            raise _bad("temperature", f"expected a number in [0, 2], got {t!r}")
+        if float(t) != temperature:
+            raise _bad(
+                "temperature",
+                f"this server samples at temperature {temperature} (its --temperature) for every request; "
+                f"got {t}: leave temperature out or send {temperature}",
+            )
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise _bad(name, f"expected a positive integer, got {value!r}")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _bad("seed", f"expected an integer, got {seed!r}")
+    return ChatRequest(question[0], bool(stream))
+
+
+# ------------------------------------------------------------------------------------------- episodes
+
+
+def _doc(doc) -> dict:
+    return {"id": doc.id, "title": doc.title, "text": doc.text}
+
+
+def search_queries(traj, i: int, engine) -> list[str | None]:
+    """Row i's executed queries, in order: the protocol's `parse_action` on each policy segment (a run of
+    loss-mask-1 tokens, decoded as the engine decoded it); the first `searches[i]` search actions are the
+    executed ones (a search asked in the last turn is not run)."""
+    start, end = int(traj.prompt_lengths[i]), int(traj.attention_mask[i].sum())
+    mask = traj.loss_mask[i, start:end]
+    ids = traj.tokens[i, start:end]
+    queries, t = [], 0
+    while t < len(mask):
+        if not mask[t]:
+            t += 1
+            continue
+        s = t
+        while t < len(mask) and mask[t]:
+            t += 1
+        action = engine.protocol.parse_action(engine.tokenizer.decode(ids[s:t].tolist()))
+        if action.kind == "search":
+            queries.append(action.content)
+    n = int(traj.searches[i])
+    return (queries + [None] * n)[:n]
+
+
+def episode(traj, i: int, engine) -> dict:
+    """Row i of a rollout as the server answers it: answer, finish_reason, usage and `search_agent`."""
+    answer = traj.answers[i]
+    prompt = int(traj.prompt_lengths[i])
+    sampled = int(np.asarray(traj.loss_mask[i]).sum())
+    searches = []
+    for query, docs in zip(search_queries(traj, i, engine), traj.docs[i]):
+        searches.append(({} if query is None else {"query": query}) | {"docs": [_doc(d) for d in docs]})
+    return {
+        "content": "" if answer is None else answer,
+        "finish_reason": "length" if answer is None else "stop",
+        "usage": {"prompt_tokens": prompt, "completion_tokens": sampled, "total_tokens": prompt + sampled},
+        "search_agent": {
+            "turns": int(traj.turns[i]),
+            "searches": searches,
+            "initial_docs": [_doc(d) for d in traj.initial_docs[i]],
+            "response": traj.responses[i],
+            "truncated": bool(traj.truncated[i]),
+        },
+    }
+
+
+@dataclasses.dataclass
+class _Job:
+    question: str
+    future: Future
+
+
+class Batcher:
+    """Pending questions -> one padded `engine.rollout` per batch, in a worker thread.
+
+    `submit(question)` returns a Future of `episode(...)`'s dict. A batch whose rollout raises a ValueError
+    (a prompt without cache room) is rerun one question at a time, so only the offending request fails
+    (its Future holds a RequestError 400); any other exception fails the batch's requests (500).
+    """
+
+    def __init__(self, engine, params, max_batch: int, batch_wait_s: float, seed: int = 0):
+        import jax
+
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine, self.params = engine, params
+        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self.key = jax.random.key(seed)
+        self.batches = 0  # rollouts run
+        self.requests = 0  # requests answered
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="agent-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, question: str) -> Future:
+        future = Future()
+        self._queue.put(_Job(question, future))
+        return future
+
+    def close(self) -> None:
+        """Stop the worker once the batches already queued are answered."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs, closing = [first], False
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(jobs) < self.max_batch:
+                try:  # wait until the deadline, then take only what is already queued
+                    job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if job is None:
+                    closing = True
+                    break
+                jobs.append(job)
+            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+            if jobs:
+                self._answer(jobs)
+            if closing:
+                return
+
+    def rollout(self, questions: list[str]):
+        """One rollout of `questions` padded to `max_batch` rows with the last one."""
+        import jax
+
+        padded = list(questions) + [questions[-1]] * (self.max_batch - len(questions))
+        key = jax.random.fold_in(self.key, self.batches)
+        self.batches += 1
+        return self.engine.rollout(self.params, padded, key)
+
+    def _answer(self, jobs: list[_Job]) -> None:
+        try:
+            traj = self.rollout([j.question for j in jobs])
+        except ValueError as e:
+            if len(jobs) > 1:
+                for job in jobs:  # find the request that does not fit; the others are answered
+                    self._answer([job])
+                return
+            jobs[0].future.set_exception(RequestError(400, f"messages: {e}", "messages"))
+            return
+        except Exception as e:  # noqa: BLE001 - the requests get a 500; the server keeps serving
+            error = RequestError(500, f"rollout failed: {type(e).__name__}: {e}", None, "server_error")
+            for job in jobs:
+                job.future.set_exception(error)
+            return
+        for i, job in enumerate(jobs):
+            try:
+                job.future.set_result(episode(traj, i, self.engine))
+            except Exception as e:  # noqa: BLE001
+                job.future.set_exception(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error"))
+            self.requests += 1
+
+
+# ------------------------------------------------------------------------------------------- HTTP
+
+
+def completion(model: str, result: dict, request_id: str, created: int) -> dict:
+    """OpenAI's chat.completion object for one episode (`episode`'s dict)."""
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": result["content"]},
+                "finish_reason": result["finish_reason"],
+            }
+        ],
+        "usage": result["usage"],
+        "search_agent": result["search_agent"],
+    }
+
+
+def chunk(model: str, request_id: str, created: int, delta: dict, finish_reason=None, **extra) -> dict:
+    """One `chat.completion.chunk` of a stream."""
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        **extra,
+    }
+
+
+class AgentServer(http.server.ThreadingHTTPServer):
+    """A ThreadingHTTPServer answering the OpenAI routes with `batcher`'s rollouts."""
+
+    daemon_threads = True
+
+    def __init__(self, address, batcher: Batcher, model_name: str, temperature: float, verbose: bool = False):
+        self.batcher, self.model_name, self.temperature, self.verbose = (
+            batcher,
+            model_name,
+            temperature,
+            verbose,
+        )
+        super().__init__(address, _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        """Stop serving (when `serve_forever` runs in another thread), then the batcher."""
+        self.shutdown()
+        self.server_close()
+        self.batcher.close()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: AgentServer
+    protocol_version = "HTTP/1.1"
+    ROUTES = {MODELS_PATH: "GET", CHAT_PATH: "POST"}
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    # --------------------------------------------------------------- responses
+
+    def _send_json(self, status: int, body: dict, headers: dict | None = None) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, error: RequestError, headers: dict | None = None) -> None:
+        self._send_json(error.status, error.body(), headers)
+
+    def _event(self, body) -> None:
+        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        self.wfile.write(f"data: {text}\n\n".encode())
+        self.wfile.flush()
+
+    # --------------------------------------------------------------- routing
+
+    def _route(self, method: str) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        try:
+            allowed = self.ROUTES.get(path)
+            if allowed is None:
+                self._drain()
+                raise RequestError(
+                    404,
+                    f"no route {method} {path}; try GET {MODELS_PATH} or POST {CHAT_PATH}",
+                    code="not_found",
+                )
+            if method != allowed:
+                self._drain()
+                error = RequestError(405, f"{path} takes {allowed}, not {method}", code="method_not_allowed")
+                self._send_error(error, {"Allow": allowed})
+                return
+            if path == MODELS_PATH:
+                self._models()
+            else:
+                self._chat()
+        except RequestError as e:
+            self._send_error(e)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # noqa: BLE001 - never a bare traceback
+            self._send_error(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error"))
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self._route("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._route("POST")
+
+    def do_PUT(self):  # noqa: N802
+        self._route("PUT")
+
+    def do_DELETE(self):  # noqa: N802
+        self._route("DELETE")
+
+    def do_PATCH(self):  # noqa: N802
+        self._route("PATCH")
+
+    def _drain(self) -> None:
+        """Read (and drop) a request body so the connection stays usable."""
+        length = self.headers.get("Content-Length")
+        if length and length.isdigit() and int(length) <= MAX_BODY:
+            self.rfile.read(int(length))
+        elif length:
+            self.close_connection = True
+
+    def _read_body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            raise RequestError(411, "a Content-Length header is required", None, code="length_required")
+        if int(length) > MAX_BODY:
+            self.close_connection = True
+            raise RequestError(413, f"body of {length} bytes is over {MAX_BODY}", None)
+        return self.rfile.read(int(length))
+
+    def _models(self) -> None:
+        self._send_json(
+            200,
+            {
+                "object": "list",
+                "data": [{"id": self.server.model_name, "object": "model", "owned_by": "jaxsearch"}],
+            },
+        )
+
+    def _chat(self) -> None:
+        request = parse_chat_request(self._read_body(), self.server.model_name, self.server.temperature)
+        future = self.server.batcher.submit(request.question)
+        request_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.server.model_name
+        if not request.stream:
+            self._send_json(200, completion(model, future.result(), request_id, created))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        self._event(chunk(model, request_id, created, {"role": "assistant"}))
+        try:
+            result = future.result()
+        except RequestError as e:
+            self._event(e.body())
+        except Exception as e:  # noqa: BLE001
+            self._event(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error").body())
+        else:
+            if result["content"]:
+                self._event(chunk(model, request_id, created, {"content": result["content"]}))
+            extra = {"usage": result["usage"], "search_agent": result["search_agent"]}
+            self._event(chunk(model, request_id, created, {}, result["finish_reason"], **extra))
+        self._event("[DONE]")
+
+
+def make_server(
+    engine,
+    params,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch: int = 8,
+    batch_wait_ms: float = 20.0,
+    temperature: float = 0.0,
+    seed: int = 0,
+    verbose: bool = False,
+) -> AgentServer:
+    """An `AgentServer` bound to (host, port) (port 0: a free one, see `.url`); call `serve_forever()`.
+
+    temperature: the engine's sampling temperature (a request may only restate it)."""
+    batcher = Batcher(engine, params, max_batch, batch_wait_ms / 1000.0, seed)
+    try:
+        return AgentServer((host, port), batcher, model_name, float(temperature), verbose)
+    except BaseException:
+        batcher.close()
+        raise
+
+
+def serve_in_thread(server: AgentServer) -> threading.Thread:
+    """Run `server.serve_forever()` in a daemon thread (tests, notebooks); `server.close()` stops it."""
+    thread = threading.Thread(target=server.serve_forever, name="agent-http", daemon=True)
+    thread.start()
+    return thread
