@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -186,16 +187,22 @@ def test_concurrent_clients_get_their_own_answers(served):
         results[i] = chat(served["url"], qs[i])
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(qs))]
-    for t in threads:
-        t.start()
+    batcher = served["server"].batcher
+    submitted = batcher.submitted
+    with batcher.held():  # all 16 queue up first: batching is then deterministic, whatever the load
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while batcher.submitted - submitted < len(qs) and time.monotonic() < deadline:
+            time.sleep(0.01)
     for t in threads:
         t.join()
     for q, r in zip(qs, results):
         assert r.status_code == 200, r.text
         check_against_direct(r.json(), q, served)
     assert len({r.json()["choices"][0]["message"]["content"] for r in results}) > 1
-    # batched: far fewer rollouts than requests
-    assert served["server"].batcher.batches - batches <= 4
+    # batched: 16 queued requests make two full rollouts of MAX_BATCH rows
+    assert batcher.batches - batches == len(qs) // MAX_BATCH
 
 
 # ------------------------------------------------------------------------------------------- errors

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import json
+import contextlib
 import queue
 import threading
 import time
@@ -255,14 +256,29 @@ class Batcher:
         self.key = jax.random.key(seed)
         self.batches = 0  # rollouts run
         self.requests = 0  # requests answered
+        self.submitted = 0  # requests queued
+        self._count_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._open = threading.Event()  # cleared by `held()`: the worker waits before collecting a batch
+        self._open.set()
         self._thread = threading.Thread(target=self._run, name="agent-batcher", daemon=True)
         self._thread.start()
 
     def submit(self, question: str) -> Future:
         future = Future()
         self._queue.put(_Job(question, future))
+        with self._count_lock:  # HTTP handler threads submit concurrently
+            self.submitted += 1
         return future
+
+    @contextlib.contextmanager
+    def held(self):
+        """While inside, the worker takes no batch: requests queue up (tests batch deterministically with it)."""
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._open.set()
 
     def close(self) -> None:
         """Stop the worker once the batches already queued are answered."""
@@ -274,6 +290,7 @@ class Batcher:
             first = self._queue.get()
             if first is None:
                 return
+            self._open.wait()
             jobs, closing = [first], False
             deadline = time.monotonic() + self.batch_wait_s
             while len(jobs) < self.max_batch:
@@ -376,6 +393,15 @@ class AgentServer(http.server.ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
+
+    @contextlib.contextmanager
+    def held(self):
+        """While inside, the worker takes no batch: requests queue up (tests batch deterministically with it)."""
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._open.set()
 
     def close(self) -> None:
         """Stop serving (when `serve_forever` runs in another thread), then the batcher."""
