@@ -41,10 +41,10 @@ with it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
 import json
-import contextlib
 import queue
 import threading
 import time
