@@ -394,15 +394,6 @@ class AgentServer(http.server.ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
-    @contextlib.contextmanager
-    def held(self):
-        """While inside, the worker takes no batch: requests queue up (tests batch deterministically with it)."""
-        self._open.clear()
-        try:
-            yield
-        finally:
-            self._open.set()
-
     def close(self) -> None:
         """Stop serving (when `serve_forever` runs in another thread), then the batcher."""
         self.shutdown()
