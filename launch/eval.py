@@ -38,14 +38,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # FAISS's OpenMP threads spin between calls and starve its BLAS threads (see build_index.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from jaxsearch.agent.cli import (  # noqa: E402  (after the path insert; re-exported for tests)
+    add_agent_arguments,
+    agent_config,
+    checkpoint_kind,
+    finish_agent_args,
+    model_config,
+)
+
 DATASET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="HF safetensors dir or jaxsearch params dir")
-    p.add_argument("--tokenizer", default="qwen", help="qwen, or a word tokenizer JSON (synthetic world)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="params and compute")
+    agent, retrieval = add_agent_arguments(p)
     p.add_argument("--datasets", nargs="+", required=True, metavar="NAME=PATH", help="QA files to evaluate")
     p.add_argument("--limit", type=int, default=0, help="N examples of each dataset (0: all; see --sample)")
     p.add_argument(
@@ -59,31 +65,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="episodes per sampler call")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    g = p.add_argument_group("agent")
-    g.add_argument("--protocol", default="search_r1", help="search_r1 | graph_r1 | eka | soar | rsearch")
-    g.add_argument("--eka-tags", default="search_r1", choices=["search_r1", "graph_r1"], help="EKA's tag set")
-    g.add_argument("--topk", type=int, default=5, help="passages per search")
-    g.add_argument("--initial-k", type=int, default=None, help="EKA's P0 passages (default: --topk)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (temperature > 0)")
-    g.add_argument(
+    agent.add_argument(
         "--builtin-prompt", action="store_true", help="search_r1: ignore the dataset's own prompt, use ours"
     )
-    g.add_argument("--max-turns", type=int, default=4, help="turns that may search")
-    g.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
-    g.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
-    g.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
-    g = p.add_argument_group("retrieval")
-    g.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote"])
-    g.add_argument("--corpus", default="", help="corpus JSONL (bm25 / dense; remote: gold passages for R-S)")
-    g.add_argument("--index", default="", help="index dir from build_index.py (default: index in RAM)")
-    g.add_argument("--url", default="", help="remote: the /retrieve endpoint")
-    g.add_argument("--encoder", default="e5", help="dense: query encoder (e5 | bge | minilm | model)")
-    g.add_argument(
-        "--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)"
+    retrieval.add_argument(
+        "--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages"
     )
-    g.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
-    g.add_argument("--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages")
     g = p.add_argument_group("metrics")
     g.add_argument(
         "--rs-encoder",
@@ -94,12 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--judge-url", default="", help="OpenAI-compatible server of the fabrication judge")
     g.add_argument("--judge-model", default="", help="the judge's model name")
     args = p.parse_args(argv)
+    args = finish_agent_args(args)
     args.datasets = dict(_dataset(p, spec) for spec in args.datasets)
-    for key in ("checkpoint", "corpus", "index", "initial_corpus", "initial_index"):
-        if getattr(args, key):
-            setattr(args, key, os.path.abspath(getattr(args, key)))
-    if args.tokenizer != "qwen":
-        args.tokenizer = os.path.abspath(args.tokenizer)
     if bool(args.judge_url) != bool(args.judge_model):
         p.error("--judge-url and --judge-model go together")
     return args
@@ -114,17 +97,6 @@ def _dataset(parser, spec: str) -> tuple[str, str]:
     if path.startswith("tfds:"):  # a tensorflow-datasets builder spec (jaxsearch/data/tfds_source.py)
         return name, path
     return name, os.path.abspath(path)
-
-
-def checkpoint_kind(path: str) -> str:
-    """'orbax' (config.json + params/), 'hf' (*.safetensors) or a FileNotFoundError naming the path."""
-    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "params")):
-        return "orbax"
-    if os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path)):
-        return "hf"
-    raise FileNotFoundError(
-        f"{path}: not an HF safetensors dir nor a jaxsearch params dir (config.json + params/)"
-    )
 
 
 def settings(args) -> dict:
@@ -142,62 +114,6 @@ def settings(args) -> dict:
     if args.sample == "random":  # likewise
         out["sample"], out["sample_seed"] = args.sample, args.sample_seed
     return out
-
-
-def agent_config(args):
-    """The agent to evaluate (tokenizer, protocol, retrievers, decoding) from the command line."""
-    from jaxsearch.config import AgentConfig, ProtocolConfig, RetrieverConfig, RolloutConfig, TokenizerConfig
-
-    tokenizer = (
-        TokenizerConfig("qwen", None) if args.tokenizer == "qwen" else TokenizerConfig("word", args.tokenizer)
-    )
-    retriever = RetrieverConfig(
-        args.retriever, args.corpus or None, args.index or None, args.url or None, args.encoder
-    )
-    initial = None
-    if args.initial_corpus:  # EKA's noisy-P0 ablation: P0 from another corpus, by BM25
-        initial = RetrieverConfig("bm25", args.initial_corpus, args.initial_index or None, None, None)
-    rollout = RolloutConfig(
-        max_turns=args.max_turns,
-        retrieval_k=args.topk,
-        initial_k=args.initial_k or args.topk,
-        internal_k=3,  # SOAR's listed facts per search (configs/base.py)
-        max_segment_tokens=args.max_segment_tokens,
-        max_obs_tokens=args.max_obs_tokens,
-        cache_len=args.cache_len,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=0,
-        eval_temperature=args.temperature,
-        eval_top_p=args.top_p,
-        eval_retrieval_k=args.topk,
-        micro_batch=0,
-    )
-    protocol = ProtocolConfig(args.protocol, args.eka_tags, data_prompt=not args.builtin_prompt)
-    return AgentConfig(tokenizer, protocol, retriever, initial, rollout)
-
-
-def model_config(args):
-    """The checkpoint to load, in --dtype (params and compute), without rematerialisation (no training)."""
-    from jaxsearch.config import ModelConfig
-
-    kind = checkpoint_kind(args.checkpoint)
-    sizes = dict.fromkeys(
-        "vocab_size hidden_size intermediate_size num_attention_heads num_key_value_heads num_hidden_layers".split()
-    )
-    return ModelConfig(
-        hf_path=args.checkpoint if kind == "hf" else None,
-        orbax_path=args.checkpoint if kind == "orbax" else None,
-        preset=None,
-        dtype=args.dtype,
-        param_dtype=args.dtype,
-        remat=False,
-        logprob_chunk=512,
-        attention_chunk=512,
-        scan_layers=False,
-        tie_word_embeddings=False,
-        **sizes,
-    )
 
 
 def judge_config(args):

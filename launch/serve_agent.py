@@ -13,12 +13,11 @@ with OpenAI's chat.completion plus a `search_agent` field (turns, queries and re
 whole response). Concurrent requests are batched: up to --max-batch rows (padded to it: one compiled
 shape), waiting at most --batch-wait-ms for company. Decoding is greedy unless --temperature; a request's
 own temperature must equal it. --checkpoint, --tokenizer, --protocol, the retriever and the episode limits
-mean what they mean for launch/eval.py (whose agent_config / model_config build the agent). Binds 127.0.0.1
+mean what they mean for launch/eval.py (both take them from jaxsearch/agent/cli.py). Binds 127.0.0.1
 unless --host.
 """
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -28,20 +27,18 @@ sys.path.insert(0, os.path.dirname(HERE))
 # FAISS's OpenMP threads spin between calls and starve its BLAS threads (see build_index.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-
-def eval_cli():
-    """launch/eval.py as a module: its checkpoint_kind, agent_config and model_config build the agent."""
-    spec = importlib.util.spec_from_file_location("jaxsearch_launch_eval", os.path.join(HERE, "eval.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from jaxsearch.agent.cli import (  # noqa: E402  (after the path insert)
+    add_agent_arguments,
+    agent_config,
+    checkpoint_kind,
+    finish_agent_args,
+    model_config,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="HF safetensors dir or jaxsearch params dir")
-    p.add_argument("--tokenizer", default="qwen", help="qwen, or a word tokenizer JSON (synthetic world)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="params and compute")
+    add_agent_arguments(p)
     p.add_argument(
         "--model-name", default="", help="the model id clients send (default: checkpoint dir name)"
     )
@@ -57,41 +54,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--no-warmup", action="store_true", help="compile on the first request instead of at start"
     )
     g.add_argument("--verbose", action="store_true", help="log each request to stderr")
-    g = p.add_argument_group("agent")
-    g.add_argument("--protocol", default="search_r1", help="search_r1 | graph_r1 | eka | soar | rsearch")
-    g.add_argument("--eka-tags", default="search_r1", choices=["search_r1", "graph_r1"], help="EKA's tag set")
-    g.add_argument("--topk", type=int, default=5, help="passages per search")
-    g.add_argument("--initial-k", type=int, default=None, help="EKA's P0 passages (default: --topk)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (temperature > 0)")
-    g.add_argument("--max-turns", type=int, default=4, help="turns that may search")
-    g.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
-    g.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
-    g.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
-    g = p.add_argument_group("retrieval")
-    g.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote"])
-    g.add_argument("--corpus", default="", help="corpus JSONL (bm25 / dense)")
-    g.add_argument("--index", default="", help="index dir from build_index.py (default: index in RAM)")
-    g.add_argument("--url", default="", help="remote: the /retrieve endpoint")
-    g.add_argument("--encoder", default="e5", help="dense: query encoder (e5 | bge | minilm | model)")
-    g.add_argument(
-        "--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)"
-    )
-    g.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
-    args = p.parse_args(argv)
-    args.builtin_prompt = True  # launch/eval.py's field: the protocol's own prompt (no dataset prompt here)
-    for key in ("checkpoint", "corpus", "index", "initial_corpus", "initial_index"):
-        if getattr(args, key):
-            setattr(args, key, os.path.abspath(getattr(args, key)))
-    if args.tokenizer != "qwen":
-        args.tokenizer = os.path.abspath(args.tokenizer)
+    args = finish_agent_args(p.parse_args(argv))
+    args.builtin_prompt = True  # agent_config's field: the protocol's own prompt (no dataset prompt here)
     args.model_name = args.model_name or os.path.basename(args.checkpoint.rstrip(os.sep))
     return args
 
 
 def check_inputs(args) -> None:
     """Cheap checks before the heavy imports: a ValueError / FileNotFoundError naming the bad input."""
-    eval_cli().checkpoint_kind(args.checkpoint)
+    checkpoint_kind(args.checkpoint)
     if args.tokenizer != "qwen" and not os.path.isfile(args.tokenizer):
         raise FileNotFoundError(
             f"--tokenizer {args.tokenizer}: no such file (a word tokenizer JSON, or qwen)"
@@ -117,10 +88,9 @@ def build(args, mesh=None):
     from jaxsearch.agent.build import build_engine
     from jaxsearch.models.policy import load_policy
 
-    cli = eval_cli()
     mesh = mesh or parallel.make_mesh({"fsdp": -1})
-    config, params = load_policy(cli.model_config(args), args.seed, mesh)
-    engine = build_engine(cli.agent_config(args), config, mesh, evaluation=True)
+    config, params = load_policy(model_config(args), args.seed, mesh)
+    engine = build_engine(agent_config(args), config, mesh, evaluation=True)
     return engine, params
 
 

@@ -1,0 +1,126 @@
+"""The command line of an agent to run (launch/eval.py, launch/serve_agent.py): its arguments and what they build.
+
+    add_agent_arguments(parser)            # --checkpoint --tokenizer --dtype, the agent and retrieval groups
+    args = finish_agent_args(parser.parse_args())               # paths made absolute
+    agent_config(args), model_config(args)  # -> agent.build.build_engine, models.policy.load_policy
+
+Light to import (no jax): the launchers parse and check before the heavy imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
+    """The checkpoint, tokenizer and dtype, and the "agent" and "retrieval" argument groups (returned, so a
+    launcher can add its own flags to them)."""
+    p.add_argument("--checkpoint", required=True, help="HF safetensors dir or jaxsearch params dir")
+    p.add_argument("--tokenizer", default="qwen", help="qwen, or a word tokenizer JSON (synthetic world)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="params and compute")
+    agent = p.add_argument_group("agent")
+    agent.add_argument("--protocol", default="search_r1", help="search_r1 | graph_r1 | eka | soar | rsearch")
+    agent.add_argument(
+        "--eka-tags", default="search_r1", choices=["search_r1", "graph_r1"], help="EKA's tag set"
+    )
+    agent.add_argument("--topk", type=int, default=5, help="passages per search")
+    agent.add_argument("--initial-k", type=int, default=None, help="EKA's P0 passages (default: --topk)")
+    agent.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    agent.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (temperature > 0)")
+    agent.add_argument("--max-turns", type=int, default=4, help="turns that may search")
+    agent.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
+    agent.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
+    agent.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
+    retrieval = p.add_argument_group("retrieval")
+    retrieval.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote"])
+    retrieval.add_argument(
+        "--corpus", default="", help="corpus JSONL (bm25 / dense; eval.py with remote: gold passages for R-S)"
+    )
+    retrieval.add_argument(
+        "--index", default="", help="index dir from build_index.py (default: index in RAM)"
+    )
+    retrieval.add_argument("--url", default="", help="remote: the /retrieve endpoint")
+    retrieval.add_argument("--encoder", default="e5", help="dense: query encoder (e5 | bge | minilm | model)")
+    retrieval.add_argument(
+        "--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)"
+    )
+    retrieval.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
+    return agent, retrieval
+
+
+def finish_agent_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed arguments with the checkpoint, tokenizer JSON and retrieval paths made absolute."""
+    for key in ("checkpoint", "corpus", "index", "initial_corpus", "initial_index"):
+        if getattr(args, key):
+            setattr(args, key, os.path.abspath(getattr(args, key)))
+    if args.tokenizer != "qwen":
+        args.tokenizer = os.path.abspath(args.tokenizer)
+    return args
+
+
+def checkpoint_kind(path: str) -> str:
+    """'orbax' (config.json + params/), 'hf' (*.safetensors) or a FileNotFoundError naming the path."""
+    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "params")):
+        return "orbax"
+    if os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path)):
+        return "hf"
+    raise FileNotFoundError(
+        f"{path}: not an HF safetensors dir nor a jaxsearch params dir (config.json + params/)"
+    )
+
+
+def agent_config(args):
+    """The agent to evaluate (tokenizer, protocol, retrievers, decoding) from the command line."""
+    from jaxsearch.config import AgentConfig, ProtocolConfig, RetrieverConfig, RolloutConfig, TokenizerConfig
+
+    tokenizer = (
+        TokenizerConfig("qwen", None) if args.tokenizer == "qwen" else TokenizerConfig("word", args.tokenizer)
+    )
+    retriever = RetrieverConfig(
+        args.retriever, args.corpus or None, args.index or None, args.url or None, args.encoder
+    )
+    initial = None
+    if args.initial_corpus:  # EKA's noisy-P0 ablation: P0 from another corpus, by BM25
+        initial = RetrieverConfig("bm25", args.initial_corpus, args.initial_index or None, None, None)
+    rollout = RolloutConfig(
+        max_turns=args.max_turns,
+        retrieval_k=args.topk,
+        initial_k=args.initial_k or args.topk,
+        internal_k=3,  # SOAR's listed facts per search (configs/base.py)
+        max_segment_tokens=args.max_segment_tokens,
+        max_obs_tokens=args.max_obs_tokens,
+        cache_len=args.cache_len,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=0,
+        eval_temperature=args.temperature,
+        eval_top_p=args.top_p,
+        eval_retrieval_k=args.topk,
+        micro_batch=0,
+    )
+    protocol = ProtocolConfig(args.protocol, args.eka_tags, data_prompt=not args.builtin_prompt)
+    return AgentConfig(tokenizer, protocol, retriever, initial, rollout)
+
+
+def model_config(args):
+    """The checkpoint to load, in --dtype (params and compute), without rematerialisation (no training)."""
+    from jaxsearch.config import ModelConfig
+
+    kind = checkpoint_kind(args.checkpoint)
+    sizes = dict.fromkeys(
+        "vocab_size hidden_size intermediate_size num_attention_heads num_key_value_heads num_hidden_layers".split()
+    )
+    return ModelConfig(
+        hf_path=args.checkpoint if kind == "hf" else None,
+        orbax_path=args.checkpoint if kind == "orbax" else None,
+        preset=None,
+        dtype=args.dtype,
+        param_dtype=args.dtype,
+        remat=False,
+        logprob_chunk=512,
+        attention_chunk=512,
+        scan_layers=False,
+        tie_word_embeddings=False,
+        **sizes,
+    )
