@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from jaxsearch import checkpoint, parallel
+from jaxsearch import parallel
+from tiny_models import save_tiny_searcher
 from jaxsearch.data import qa
 from jaxsearch.eval import evaluate as ev
 from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, normalize_answer, sub_exact_match
@@ -45,13 +46,8 @@ def load_launch_module():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny searcher saved as a params checkpoint, its tokenizer JSON, its world's test split."""
-    from jaxsearch.rl.sft import train_tiny_searcher
-
-    config, params, tokenizer, world, retriever = train_tiny_searcher()
     d = tmp_path_factory.mktemp("tiny")
-    checkpoint.save_params(str(d / "ckpt"), config, params)
-    tokenizer.save(d / "tokenizer.json")
-    qa.write_jsonl(world.questions["test"], d / "test.jsonl")
+    config, params, tokenizer, world, retriever = save_tiny_searcher(d)
     return dict(dir=d, config=config, params=params, tokenizer=tokenizer, corpus=retriever.corpus.path)
 
 
@@ -494,6 +490,8 @@ def test_eval_subset():
     drawn = qa.eval_subset(examples, 4, "random", 44)
     expected = sorted(np.random.default_rng(44).choice(10, size=4, replace=False))
     assert [e.id for e in drawn] == [str(i) for i in expected]  # file order kept
-    assert drawn == qa.eval_subset(examples, 4, "random", 44) and drawn != qa.eval_subset(examples, 4, "random", 1)
+    assert drawn == qa.eval_subset(examples, 4, "random", 44) and drawn != qa.eval_subset(
+        examples, 4, "random", 1
+    )
     with pytest.raises(ValueError, match="eval sample 'all'"):
         qa.eval_subset(examples, 4, "all")

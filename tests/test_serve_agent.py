@@ -15,8 +15,8 @@ import httpx
 import jax
 import pytest
 
-from jaxsearch import checkpoint, parallel
-from jaxsearch.data import qa
+from jaxsearch import parallel
+from tiny_models import save_tiny_searcher
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "launch" / "serve_agent.py"
@@ -34,13 +34,8 @@ def load_launch_module():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny searcher (tests/test_evaluate.py's) saved as a params checkpoint, its tokenizer JSON and corpus."""
-    from jaxsearch.rl.sft import train_tiny_searcher
-
-    config, params, tokenizer, world, retriever = train_tiny_searcher()
     d = tmp_path_factory.mktemp("serve")
-    checkpoint.save_params(str(d / "ckpt"), config, params)
-    tokenizer.save(d / "tokenizer.json")
-    qa.write_jsonl(world.questions["test"], d / "test.jsonl")
+    config, params, tokenizer, world, retriever = save_tiny_searcher(d)
     questions = [ex.question for ex in world.questions["test"][:16]]
     return dict(dir=d, corpus=retriever.corpus.path, questions=questions)
 
