@@ -2,7 +2,7 @@
 
     cfg = RunConfig.from_dict(get_config())        # or a ConfigDict after --config.key=value overrides
     cfg.rollout.max_turns, cfg.judge is None, ...
-    config_json(cfg)                               # what WORKDIR/config.json records
+    cfg.to_dict()                                  # what WORKDIR/config.json records (rl/pipeline.py)
 
 Config files keep ml_collections' conventions (a flag override must keep a key's type), so they write "not
 set" as "" or 0; here every such value becomes an explicit None, in one place (`_OPTIONAL`):
@@ -22,9 +22,7 @@ A key the dataclasses do not know, a value of the wrong type or out of range is 
 from __future__ import annotations
 
 import dataclasses
-import json
 import typing
-from typing import Any
 
 
 class ConfigError(ValueError):
@@ -372,13 +370,3 @@ def _check(key: str, short: str, value):
     elif not rule[0](value):
         raise ConfigError(f"{key}={value!r}: expected {rule[1]}")
     return value
-
-
-def config_json(cfg: RunConfig) -> str:
-    """The resolved config as sorted, indented JSON (None where a value is not set)."""
-    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
-
-
-def as_run_config(cfg: Any) -> RunConfig:
-    """`cfg` as a RunConfig (a ConfigDict is converted and checked)."""
-    return RunConfig.from_dict(cfg)
