@@ -88,7 +88,12 @@ def get_config() -> ml_collections.ConfigDict:
         eval_temperature=1.0,
         eval_top_p=0.95,
         eval_retrieval_k=3,  # train_grpo.sh: retriever.topk=3 in validation too
-        micro_batch=0,  # rows per sampler call (0: the whole batch)
+        micro_batch=0,  # rows per sampler call, or decode slots (0: the whole batch)
+        # lockstep: each turn decodes a segment for every row, then acts for every row (a turn waits for its
+        # slowest row); slots: rows decode in `micro_batch` slots, steps_per_call tokens per device call, and
+        # are acted on as soon as they stop, while the other rows decode (agent/slots.py)
+        scheduler="lockstep",
+        steps_per_call=16,
     )
     # (name, weight): names of jaxsearch/rl/rewards.py's registry, plus "evidence" (R-Search's evidence
     # reward, needs evidence_model) and "grounded" (SOAR's judge: 1 when grounded, needs judge)

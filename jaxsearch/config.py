@@ -100,7 +100,9 @@ class RolloutConfig:
     eval_temperature: float
     eval_top_p: float
     eval_retrieval_k: int
-    micro_batch: int  # rows per sampler call (0: the whole batch)
+    micro_batch: int  # rows per sampler call, or decode slots (0: the whole batch)
+    scheduler: str = "lockstep"  # lockstep: a turn waits for its slowest row; slots: rows never wait
+    steps_per_call: int = 16  # slots: decode steps per device call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +288,7 @@ _CHECKS = {
     "evidence_model.kind": ("openai", "local", "world"),
     "protocol.tags": ("search_r1", "graph_r1"),
     "data.eval_sample": ("first", "random"),
+    "rollout.scheduler": ("lockstep", "slots"),
     "optim.schedule": ("constant", "cosine"),
     "algo.agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "world.size": ("tiny", "small"),
@@ -297,6 +300,7 @@ _CHECKS = {
     "algo.micro_batches": (lambda v: v >= 1, ">= 1"),
     "algo.ppo_epochs": (lambda v: v >= 1, ">= 1"),
     "rollout.cache_len": (lambda v: v >= 1, ">= 1"),
+    "rollout.steps_per_call": (lambda v: v >= 1, ">= 1"),
     "rollout.temperature": (lambda v: v >= 0, ">= 0"),
     "rollout.eval_temperature": (lambda v: v >= 0, ">= 0"),
     "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),

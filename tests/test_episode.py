@@ -1,5 +1,7 @@
 """The multi-turn episode driver: masks, observations, turn limits and budgets on a tiny world."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -180,24 +182,73 @@ def test_micro_batched_rollout_concatenates_to_the_one_call_rollout(searcher):
     _, run, questions, together = _greedy_run(searcher)
     halves = [run(questions[:2]), run(questions[2:])]
     joined = concat(halves)
-    assert joined.tokens.shape == together.tokens.shape
-    for name in (
-        "tokens",
-        "attention_mask",
-        "loss_mask",
-        "segment_ids",
-        "prompt_lengths",
-        "turns",
-        "searches",
-    ):
-        np.testing.assert_array_equal(getattr(joined, name), getattr(together, name), err_msg=name)
-    np.testing.assert_allclose(joined.logprobs, together.logprobs, atol=1e-5)
-    for name in ("answers", "responses", "doc_ids", "observations"):
-        assert getattr(joined, name) == getattr(together, name), name
-    np.testing.assert_array_equal(joined.truncated, together.truncated)
+    _assert_same_episodes(joined, together)
     assert joined.timings.keys() == halves[0].timings.keys()
     for k, v in joined.timings.items():
         assert v == pytest.approx(halves[0].timings[k] + halves[1].timings[k])
+
+
+def _assert_same_episodes(a, b, order=None):
+    """Trajectories a and b hold the same episodes, field by field (a's row r is b's row order[r])."""
+    order = np.arange(len(b.answers)) if order is None else np.asarray(order)
+    assert a.tokens.shape == b.tokens.shape
+    for name in ("tokens", "attention_mask", "loss_mask", "segment_ids", "prompt_lengths", "turns", "searches"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name)[order], err_msg=name)
+    np.testing.assert_allclose(a.logprobs, b.logprobs[order], atol=1e-5)
+    for name in ("answers", "responses", "doc_ids", "observations", "internal_knowledge"):
+        assert getattr(a, name) == [getattr(b, name)[r] for r in order], name
+    np.testing.assert_array_equal(a.truncated, b.truncated[order])
+
+
+@pytest.mark.parametrize("name, slots, steps", [("search_r1", 3, 16), ("search_r1", 8, 1), ("eka", 5, 48)])
+def test_decode_slots_give_the_lockstep_episodes(searcher, name, slots, steps):
+    """Greedy episodes in decode slots (fewer slots than rows: finished rows' slots take waiting rows) equal
+    the lockstep rollout's, whatever the number of slots, the steps per call or the rows' arrival order."""
+    config, params, tok, world, retriever = searcher
+    protocol = get_protocol(name)
+    smp = _searcher_sampler(config, tok, protocol, prompt_bucket=384)
+    cfg = EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, initial_k=1)
+    questions = [q.question for q in world.questions["test"][:8]]
+    lockstep = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 0)
+    engine = AgentEngine(tok, protocol, retriever, smp, cfg, micro_batch=slots, scheduler="slots", steps_per_call=steps)
+    _assert_same_episodes(engine.rollout(params, questions, 0), lockstep)
+    _assert_same_episodes(engine.rollout(params, questions[::-1], 0), lockstep, order=np.arange(8)[::-1])
+    assert len(set(lockstep.turns.tolist())) > 1  # rows really finish at different turns
+
+
+class _DelayedRetriever:
+    """Answers as `retriever` after a random delay of 0-20 ms (a remote retriever under load)."""
+
+    def __init__(self, retriever, seed):
+        self.retriever, self.rng = retriever, np.random.default_rng(seed)
+
+    def search(self, queries, k):
+        time.sleep(self.rng.uniform(0, 0.02))
+        return self.retriever.search(queries, k)
+
+
+def test_decode_slots_compile_nothing_after_warm_up_and_keep_the_samplers_logprobs(searcher):
+    """Sampled episodes in 3 slots, 5 steps per call, retrieval delayed at random: a second rollout compiles
+    nothing, and the recorded log-probs are the trainer's teacher-forced ones (fp32)."""
+    from jaxsearch.agent.slots import Slots
+    from jaxsearch.rl.train_step import sequence_logprobs
+
+    config, params, tok, world, retriever = searcher
+    protocol = get_protocol("search_r1")
+    smp = _searcher_sampler(config, tok, protocol, temperature=1.0)
+    cfg = EpisodeConfig(max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    engine = AgentEngine(
+        tok, protocol, _DelayedRetriever(retriever, 0), smp, cfg, micro_batch=3, scheduler="slots", steps_per_call=5
+    )
+    questions = [q.question for q in world.questions["test"][:12]]
+    engine.rollout(params, questions[:6], 0)
+    count = smp.compiled_count() + Slots(smp, 5).compiled_count()
+    traj = engine.rollout(params, questions[6:], 1)
+    assert smp.compiled_count() + Slots(smp, 5).compiled_count() == count
+    assert traj.searches.sum() >= 6
+    fresh = np.asarray(sequence_logprobs(config, params, traj.tokens, traj.attention_mask))
+    policy = traj.loss_mask == 1
+    np.testing.assert_allclose(traj.logprobs[policy], fresh[policy], atol=1e-5)
 
 
 def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher, monkeypatch):

@@ -281,3 +281,56 @@ def test_sampler_on_a_mesh_shards_the_batch_and_samples_the_same_tokens(model):
     assert cache["k"][0].sharding.spec[0] == ("data", "fsdp")  # rows split 8 ways
     assert cache["k"][0].addressable_shards[0].data.shape[0] == 1
     assert out[0][2].cache["k"][0].sharding.is_fully_replicated
+
+
+@pytest.mark.parametrize("steps", [1, 5, 48])
+def test_decode_slots_give_the_samplers_segments(model, steps):
+    """Rows inserted one at a time into 4 decode slots, `steps` tokens per call, a finished row's slot taking
+    the next row: each row's segment is the lockstep sampler's (tokens, log-probs, length, stop code), with
+    stop strings split across tokens and budgets of 1 and 7 tokens."""
+    from jaxsearch.agent.slots import Slots
+
+    _, config, params = model
+    stops = ["</search>", "</answer>"]
+    table = piece_table(config.vocab_size, stops)
+    smp = S.Sampler(config, table, cache_len=128, max_segment=48, sampling=S.SamplingParams(1.0))
+    prompts = [[1 + i, 2 + i, 3 + i % 3][: 1 + i % 3] for i in range(9)]
+    keys = jax.random.split(jax.random.key(3), 9)
+    budgets = np.array([48, 48, 7, 48, 1, 30, 48, 48, 48], np.int32)
+    ref, _ = smp.decode(params, smp.start(params, prompts, keys), budgets)
+
+    slots = Slots(smp, steps)
+    state, waiting, occupant, got = slots.empty(4), list(range(9)), [None] * 4, {}
+    parts = [[] for _ in range(4)]
+    for slot in (3, 2, 1, 0):
+        i = waiting.pop(0)
+        state = slots.insert(params, state, slot, prompts[i], budgets[i], key=jax.random.key_data(keys[i]))
+        occupant[slot] = i
+    while any(o is not None for o in occupant):
+        out, state = slots.decode(params, state)
+        res = slots.fetch(out)
+        for slot, i in enumerate(occupant):
+            if i is None:
+                continue
+            parts[slot].append((res.tokens[slot, : res.length[slot]], res.logprobs[slot, : res.length[slot]]))
+            if not res.active[slot]:
+                got[i] = ([np.concatenate(x) for x in zip(*parts[slot])], res.stop[slot])
+                parts[slot], occupant[slot] = [], None
+                if waiting:
+                    j = waiting.pop(0)
+                    state = slots.insert(params, state, slot, prompts[j], budgets[j], key=jax.random.key_data(keys[j]))
+                    occupant[slot] = j
+    n_stopped = 0
+    for i in range(9):
+        (tokens, logprobs), stop = got[i]
+        n = ref.length[i]
+        np.testing.assert_array_equal(tokens, ref.tokens[i, :n], err_msg=f"row {i}")
+        np.testing.assert_allclose(logprobs, ref.logprobs[i, :n], atol=1e-5)  # prefill shapes differ
+        assert stop == ref.stop[i], i
+        expected = _reference_stop([PIECES[t % len(PIECES)] for t in tokens], [s.encode() for s in stops])
+        if expected is None:
+            assert len(tokens) == budgets[i] and stop == S.STOP_BUDGET, i
+        else:
+            n_stopped += 1
+            assert (len(tokens), stop) == expected, i
+    assert n_stopped >= 2 and len(got[4][0][0]) == 1 and len(got[2][0][0]) <= 7

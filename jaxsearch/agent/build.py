@@ -93,6 +93,8 @@ def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: b
         initial_retriever=None if cfg.initial_retriever is None else build_retriever(cfg.initial_retriever),
         internal_sampler=eval_sampler,
         micro_batch=r.micro_batch,
+        scheduler=r.scheduler,
+        steps_per_call=r.steps_per_call,
     )
     return for_evaluation(engine, r) if evaluation else engine
 

@@ -32,6 +32,14 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
     agent.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
     agent.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
     agent.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
+    agent.add_argument(
+        "--scheduler",
+        default="lockstep",
+        choices=["lockstep", "slots"],
+        help="lockstep: a turn waits for its slowest row; slots: rows never wait (decode slots)",
+    )
+    agent.add_argument("--slots", type=int, default=0, help="slots: decode slots (0: one per row)")
+    agent.add_argument("--steps-per-call", type=int, default=16, help="slots: decode steps per device call")
     retrieval = p.add_argument_group("retrieval")
     retrieval.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote"])
     retrieval.add_argument(
@@ -97,7 +105,9 @@ def agent_config(args):
         eval_temperature=args.temperature,
         eval_top_p=args.top_p,
         eval_retrieval_k=args.topk,
-        micro_batch=0,
+        micro_batch=args.slots,
+        scheduler=args.scheduler,
+        steps_per_call=args.steps_per_call,
     )
     protocol = ProtocolConfig(args.protocol, args.eka_tags, data_prompt=not args.builtin_prompt)
     return AgentConfig(tokenizer, protocol, retriever, initial, rollout)

@@ -34,6 +34,7 @@ import numpy as np
 from jaxsearch.agent import trajectories as traj_lib
 from jaxsearch.agent.protocols import AgentProtocol, initial_docs
 from jaxsearch.agent.sampler import STOP_BUDGET, Sampler
+from jaxsearch.agent.slots import Slots
 from jaxsearch.agent.trajectories import HINT, OBSERVATION, POLICY, Row, Trajectories
 from jaxsearch.retrieval.base import format_passages
 
@@ -73,7 +74,9 @@ class AgentEngine:
     limits: EpisodeConfig = EpisodeConfig()
     initial_retriever: Any = None  # EKA's P0 source (None: `retriever`; another corpus: noisy-P0 ablation)
     internal_sampler: Sampler | None = None  # SOAR's internal-knowledge stream (None: `sampler`)
-    micro_batch: int = 0  # rows per sampler call (0: all in one)
+    micro_batch: int = 0  # rows per sampler call, or decode slots (0: all rows)
+    scheduler: str = "lockstep"  # "lockstep": a turn waits for its slowest row; "slots": rows never wait
+    steps_per_call: int = 16  # "slots": decode steps per device call
 
     def replace(self, **changes) -> AgentEngine:
         return dataclasses.replace(self, **changes)
@@ -92,6 +95,11 @@ class AgentEngine:
         """
         key = as_key(key)
         sample_key, internal_key = jax.random.split(key)
+        if self.scheduler == "slots":
+            keys = row_keys(sample_key, 0, len(questions))
+            return self._episodes_in_slots(params, questions, keys, internal_key, messages)
+        if self.scheduler != "lockstep":
+            raise ValueError(f"scheduler {self.scheduler!r}: expected 'lockstep' or 'slots'")
         n = self.micro_batch or len(questions)
         parts = [
             self._episodes(
@@ -137,6 +145,86 @@ class AgentEngine:
         clock["host"] = time.perf_counter() - t_start - clock["device"] - clock["retrieval"]
         return traj
 
+    # ------------------------------------------------------------------------------- decode slots
+
+    def _episodes_in_slots(self, params, questions, keys, internal_key, messages) -> Trajectories:
+        """The same episodes as `_episodes`, in `micro_batch` decode slots where rows never wait.
+
+        Each loop: dispatch a decode call for the slots that decode; meanwhile the host acts on the slots
+        whose segment ended in the previous call (parse, one retrieval for all of them, encode) and inserts
+        their observation, or a waiting row's prompt where a row finished; then it reads the call's tokens.
+        """
+        t_start = time.perf_counter()
+        clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
+        rows = self._start_rows(questions, messages, clock)
+        internal = None
+        if self.protocol.needs_internal_knowledge:
+            internal = text_generator(self.internal_sampler or self.sampler, params, self.tokenizer, internal_key)
+        slots = Slots(self.sampler, self.steps_per_call)
+        n = min(self.micro_batch or len(rows), len(rows))
+        state = slots.empty(n)
+        key_data = np.asarray(jax.random.key_data(keys))  # [rows, 2] on the host, read before any call
+        waiting = list(range(len(rows)))[::-1]  # popped from the end: row 0 first
+        occupant: list[int | None] = [None] * n  # the row in each slot
+        decoding = np.zeros(n, bool)  # host view: the slot decodes in the next call
+        parts: list[list] = [[] for _ in range(n)]  # per slot: the current segment's (tokens, logprobs, entropy)
+        ended: list[tuple[int, int]] = []  # (slot, stop code) of segments that ended in the last call
+        budgets = np.zeros(n, np.int32)
+        acts = 0  # host rounds so far (SOAR's internal stream samples round r with fold_in(key, r))
+
+        def begin(slot, i, ids, reset):  # row i decodes its next segment in `slot` after `ids`
+            nonlocal state
+            budgets[slot] = self._budgets(rows, [i])[i]
+            budget = min(budgets[slot], self.sampler.max_segment)
+            state = slots.insert(params, state, slot, ids, budget, key_data[i] if reset else None)
+            occupant[slot], decoding[slot], parts[slot] = i, True, []
+
+        def refill(slot):
+            occupant[slot] = None
+            if waiting:
+                i = waiting.pop()
+                begin(slot, i, rows[i].prompt, reset=True)
+
+        for slot in range(n):
+            refill(slot)
+        while any(o is not None for o in occupant):
+            in_call, out = decoding.copy(), None
+            if in_call.any():
+                dispatched = time.perf_counter()
+                out, state = slots.decode(params, state)  # runs on the device while the host acts on `ended`
+            if ended:
+                searches, hints = [], {}
+                for slot, stop in ended:
+                    i = occupant[slot]
+                    segment = [np.concatenate(x) for x in zip(*parts[slot])] + [stop, budgets[slot]]
+                    self._act_row(rows, i, segment, rows[i].turns == self.limits.max_turns, searches, hints)
+                observations = self._search(rows, searches, internal, acts, clock)
+                chunks = self._encode(rows, {**hints, **observations})
+                for slot, _ in ended:
+                    i = occupant[slot]
+                    if rows[i].done:
+                        refill(slot)
+                    else:
+                        begin(slot, i, chunks[i], reset=False)
+                ended, acts = [], acts + 1
+            if out is not None:
+                t = time.perf_counter()
+                result = slots.fetch(out)
+                # the device was busy from the dispatch if the host had to wait for it; else the host's work
+                # outlasted the call, whose own length is unknown: count none of it (a lower bound)
+                waited = time.perf_counter() - t
+                clock["device"] += time.perf_counter() - dispatched if waited > 1e-3 else waited
+                for slot in np.flatnonzero(in_call):
+                    k = int(result.length[slot])
+                    parts[slot].append((result.tokens[slot, :k], result.logprobs[slot, :k], result.entropy[slot, :k]))
+                    if not result.active[slot]:
+                        decoding[slot] = False
+                        ended.append((int(slot), int(result.stop[slot])))
+        traj = traj_lib.assemble(rows, self.tokenizer, self.protocol, clock)
+        # device and host overlap here: host is the wall time left when neither device nor retrieval ran
+        clock["host"] = max(0.0, time.perf_counter() - t_start - clock["device"] - clock["retrieval"])
+        return traj
+
     def _start_rows(self, questions, messages, clock) -> list[Row]:
         """A row per question: its P0 (EKA) and its prompt's token ids; checks the cache has room to act."""
         p0 = [[] for _ in questions]
@@ -173,23 +261,30 @@ class AgentEngine:
         """Record each active row's segment and parse its action -> (searches (row, query), hints by row)."""
         searches, hints = [], {}
         for i in active:
-            row, n = rows[i], int(seg.length[i])
-            ids = seg.tokens[i, :n].tolist()
-            text = self.tokenizer.decode(ids)
-            row.add(POLICY, ids, text, seg.logprobs[i, :n], seg.entropy[i, :n])
-            row.turns += 1
-            action = self.protocol.parse_action(text)
-            if action.kind == "answer":
-                row.answer, row.done = action.content, True
-            elif final:
-                row.done = True
-            elif action.kind == "search":
-                searches.append((i, action.content))
-            elif seg.stop[i] == STOP_BUDGET and budget[i] < self.limits.max_segment_tokens:
-                row.done = row.truncated = True  # out of cache room
-            else:
-                hints[i] = (HINT, self.protocol.invalid_hint())
+            n = int(seg.length[i])
+            segment = (seg.tokens[i, :n], seg.logprobs[i, :n], seg.entropy[i, :n], seg.stop[i], budget[i])
+            self._act_row(rows, i, segment, final, searches, hints)
         return searches, hints
+
+    def _act_row(self, rows, i, segment, final: bool, searches: list, hints: dict) -> None:
+        """Record row i's segment (tokens, logprobs, entropy, stop code, its budget) and act on it: an answer
+        or the last turn ends the row, a search goes to `searches`, anything else gets the hint."""
+        tokens, logprobs, entropy, stop, budget = segment
+        row, ids = rows[i], [int(t) for t in tokens]
+        text = self.tokenizer.decode(ids)
+        row.add(POLICY, ids, text, logprobs, entropy)
+        row.turns += 1
+        action = self.protocol.parse_action(text)
+        if action.kind == "answer":
+            row.answer, row.done = action.content, True
+        elif final:
+            row.done = True
+        elif action.kind == "search":
+            searches.append((i, action.content))
+        elif stop == STOP_BUDGET and budget < self.limits.max_segment_tokens:
+            row.done = row.truncated = True  # out of cache room
+        else:
+            hints[i] = (HINT, self.protocol.invalid_hint())
 
     def _search(self, rows, searches, internal, turn: int, clock) -> dict[int, tuple[str, str]]:
         """One retriever call for the turn's queries (+ SOAR's internal stream) -> observation by row."""

@@ -56,7 +56,8 @@ class Trajectories:
     evidence: list = dataclasses.field(metadata=dict(static=True))  # R-Search: last <evidence> or None
     sources: list = dataclasses.field(metadata=dict(static=True))  # SOAR: declared source or None
     timings: dict = dataclasses.field(metadata=dict(static=True))  # seconds: device (prefill, decode,
-    # append), retrieval (incl. SOAR's internal stream), host (parsing, encoding, assembly)
+    # append), retrieval (incl. SOAR's internal stream), host (parsing, encoding, assembly); with decode slots
+    # the host works while the device decodes: device is the time it was provably busy, host the rest
 
     @property
     def doc_ids(self) -> list[list[list[str]]]:

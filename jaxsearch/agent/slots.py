@@ -1,0 +1,181 @@
+"""Decode slots: a fixed set of KV-cache rows that decode independently, a few tokens per call.
+
+The lockstep rollout decodes a whole segment for every row, then does the host work (parse, retrieve,
+append) for every row: each turn waits for its slowest row. Slots let rows proceed on their own:
+
+    slots = Slots(sampler, steps_per_call=16)                     # cheap: compiles are shared
+    state = slots.empty(n)                                        # n slots, nothing in them
+    state = slots.insert(params, state, slot, prompt_ids, budget, key=key_data)  # a new row (resets the slot)
+    state = slots.insert(params, state, slot, observation_ids, budget)           # the same row, next segment
+    out, state = slots.decode(params, state)     # dispatched, not waited for: the host works meanwhile
+    result = slots.fetch(out)                    # host arrays of that call
+
+One `decode` call runs up to `steps_per_call` decode steps of `sampler.decode_loop` for the active slots
+(fixed shapes, stop strings / EOS / budgets detected on the device). `insert` prefills a chunk into one slot
+chosen by a traced index, so every slot shares one compile per chunk bucket. A row samples with its own key
+and its own cache length as the counter, as in the lockstep rollout, so its tokens do not depend on the
+slot it runs in, the other rows, or how its segment is split into calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsearch import multihost, parallel
+from jaxsearch.agent import sampler as sampler_lib
+from jaxsearch.agent.sampler import DecodeState, Sampler
+from jaxsearch.models import qwen2
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SlotState:
+    """n slots on the device: their cache rows, next-token logits and keys (`DecodeState`), and per slot
+    whether it decodes (active [n] bool), its tokens left in the segment (budget [n] int32) and the last
+    bytes it generated in the segment (window [n, W] uint8, for stop strings)."""
+
+    decode: DecodeState
+    active: jax.Array
+    budget: jax.Array
+    window: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class StepsResult:
+    """One decode call, on the host. tokens / logprobs / entropy [n, N] valid up to length [n] (tokens
+    decoded in this call); active [n]: the slot still decodes after the call; stop [n]: the stop code of
+    a slot that stopped in this call (`SegmentResult.stop`), STOP_BUDGET otherwise."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    entropy: np.ndarray
+    length: np.ndarray
+    stop: np.ndarray
+    active: np.ndarray
+
+
+def decode_steps(config, params, slots: SlotState, table, sampling, steps: int):
+    """Up to `steps` tokens for each active slot. Returns ((tokens, logprobs, entropy, length, stop,
+    active), new SlotState)."""
+    out = sampler_lib.decode_loop(
+        config, params, slots.decode, slots.active, slots.budget, slots.window, table, sampling, steps
+    )
+    new = SlotState(decode=out.state, active=out.active, budget=out.budget, window=out.window)
+    return (out.tokens, out.logprobs, out.entropy, out.length, out.stop, out.active), new
+
+
+def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, reset):
+    """Append ids [1, T] (mask [1, T]) to the cache row of `slot` ([] int32, traced) and start a segment of
+    `budget` tokens there. reset ([] bool): a new row: the slot's cache row is emptied first and its key
+    becomes key_data ([2] uint32 raw key data); otherwise the row continues with its key."""
+    cache, st = slots.decode.cache, slots.decode
+
+    def row(x):
+        return jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)
+
+    def put(x, value):
+        return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), slot, axis=0)
+
+    length = jnp.where(reset, 0, row(cache["lengths"]))
+    row_cache = {"k": tuple(map(row, cache["k"])), "v": tuple(map(row, cache["v"])), "lengths": length}
+    logits, row_cache = qwen2.extend(config, params, row_cache, ids, mask)
+    keys = jax.random.key_data(st.keys)
+    keys = put(keys, jnp.where(reset, key_data, row(keys)[0])[None])
+    new_cache = {
+        "k": tuple(put(a, b) for a, b in zip(cache["k"], row_cache["k"])),
+        "v": tuple(put(a, b) for a, b in zip(cache["v"], row_cache["v"])),
+        "lengths": put(cache["lengths"], row_cache["lengths"]),
+    }
+    return SlotState(
+        decode=DecodeState(
+            cache=new_cache, logits=put(st.logits, logits), keys=jax.random.wrap_key_data(keys)
+        ),
+        active=put(slots.active, (budget > 0)[None]),
+        budget=put(slots.budget, budget[None]),
+        window=put(slots.window, jnp.zeros_like(row(slots.window))),
+    )
+
+
+class Slots:
+    """The jitted decode / insert functions for the decode slots of one `Sampler` (its config, cache
+    length, stop table, sampling, buckets and mesh)."""
+
+    def __init__(self, sampler: Sampler, steps_per_call: int = 16):
+        if steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+        self.sampler, self.steps_per_call = sampler, steps_per_call
+        self._decode, self._insert, self._empty = _jitted(sampler.mesh)
+        self._no_key = np.zeros(jax.random.key_data(jax.random.key(0)).shape, np.uint32)
+
+    def compiled_count(self) -> int:
+        """Compiled variants of decode / insert / empty (jax caches them per function)."""
+        return sum(f._cache_size() for f in (self._decode, self._insert, self._empty))
+
+    def empty(self, n: int) -> SlotState:
+        """n empty, inactive slots."""
+        s = self.sampler
+        return self._empty(s.config, n, s.cache_len, sampler_lib.window_size(s.table))
+
+    def insert(
+        self, params, state: SlotState, slot: int, ids: Sequence[int], budget: int, key=None
+    ) -> SlotState:
+        """Prefill `ids` into `slot` and let it decode a segment of up to `budget` tokens. key: a new row's
+        PRNG key as raw key data (`jax.random.key_data`, on the host: an eager op would wait for the device)
+        and the slot is emptied first; None: the slot's row continues. The caller keeps the row
+        within the cache (tokens past its end are dropped); this only dispatches, it waits for nothing."""
+        s = self.sampler  # the caller keeps the row within the cache (reading the lengths would wait)
+        buckets = s.prompt_buckets if key is not None else s.chunk_buckets
+        width = sampler_lib._bucket(len(ids), buckets, "prompt" if key is not None else "appended chunk")
+        padded, mask = sampler_lib._pad_rows([ids], width, left=False)
+        key_data = self._no_key if key is None else np.asarray(key, np.uint32)
+        return self._insert(
+            s.config,
+            params,
+            state,
+            np.int32(slot),
+            padded,
+            mask,
+            key_data,
+            np.int32(budget),
+            np.bool_(key is not None),
+        )
+
+    def decode(self, params, state: SlotState):
+        """Dispatch one decode call. Returns (device outputs for `fetch`, new SlotState)."""
+        s = self.sampler
+        return self._decode(s.config, params, state, s.table, s.sampling, self.steps_per_call)
+
+    @staticmethod
+    def fetch(out) -> StepsResult:
+        """A decode call's outputs on the host (waits for the call)."""
+        return StepsResult(*(multihost.to_host(x) for x in out))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(mesh: jax.sharding.Mesh | None):
+    """(decode_steps, insert, _empty) jitted once per mesh (under its activation sharding), the slot state
+    donated: every `Slots` of a process shares their compiles."""
+    shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
+    return (
+        jax.jit(shard(decode_steps), static_argnums=(0, 4, 5), donate_argnums=(2,)),
+        jax.jit(shard(insert), static_argnums=(0,), donate_argnums=(2,)),
+        jax.jit(shard(_empty), static_argnums=(0, 1, 2, 3)),
+    )
+
+
+def _empty(config, n: int, cache_len: int, window: int) -> SlotState:
+    cache = qwen2.init_cache(config, n, cache_len)
+    logits = jnp.zeros((n, config.vocab_size), jnp.float32)
+    keys = jax.random.split(jax.random.key(0), n)  # placeholders: a row's insert sets its key
+    return SlotState(
+        decode=DecodeState(cache=cache, logits=logits, keys=keys),
+        active=jnp.zeros((n,), bool),
+        budget=jnp.zeros((n,), jnp.int32),
+        window=jnp.zeros((n, window), jnp.uint8),
+    )
