@@ -239,7 +239,7 @@ def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) 
     shapes = jax.eval_shape(functools.partial(qwen2.init_cache, config, batch, cache_len))
     kv = NamedSharding(
         mesh,
-        parallel.logical_to_spec(("batch", "length", "kv_heads", "head_dim"), shapes["k"][0].shape, mesh),
+        parallel.logical_to_spec(qwen2.CACHE_AXES, shapes["k"][0].shape, mesh),
     )
     lengths = NamedSharding(mesh, parallel.logical_to_spec(("batch",), (batch,), mesh))
     return {
