@@ -92,8 +92,12 @@ def get_config() -> ml_collections.ConfigDict:
         # lockstep: each turn decodes a segment for every row, then acts for every row (a turn waits for its
         # slowest row); slots: rows decode in `micro_batch` slots, steps_per_call tokens per device call, and
         # are acted on as soon as they stop, while the other rows decode (agent/slots.py)
-        scheduler="lockstep",
+        scheduler="slots",
         steps_per_call=16,
+        # the params the sampler reads (jaxsearch/parallel.py): train = the trainer's fsdp-sharded params
+        # (every decode step all-gathers the weights); replicated / tensor = a copy in the compute dtype made
+        # once per step, read from local HBM (launch/plan.py counts it in the fit verdict)
+        decode_layout="train",
     )
     # (name, weight): names of jaxsearch/rl/rewards.py's registry, plus "evidence" (R-Search's evidence
     # reward, needs evidence_model) and "grounded" (SOAR's judge: 1 when grounded, needs judge)

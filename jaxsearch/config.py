@@ -103,6 +103,7 @@ class RolloutConfig:
     micro_batch: int  # rows per sampler call, or decode slots (0: the whole batch)
     scheduler: str = "lockstep"  # lockstep: a turn waits for its slowest row; slots: rows never wait
     steps_per_call: int = 16  # slots: decode steps per device call
+    decode_layout: str = "train"  # the params the sampler reads: train | replicated | tensor (parallel.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +290,7 @@ _CHECKS = {
     "protocol.tags": ("search_r1", "graph_r1"),
     "data.eval_sample": ("first", "random"),
     "rollout.scheduler": ("lockstep", "slots"),
+    "rollout.decode_layout": ("train", "replicated", "tensor"),
     "optim.schedule": ("constant", "cosine"),
     "algo.agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "world.size": ("tiny", "small"),

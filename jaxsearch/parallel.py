@@ -107,3 +107,52 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedShard
     batch_axes = tuple(n for n in (dict(rules)["batch"] or ()) if mesh.shape[n] > 1)
     first = batch_axes if len(batch_axes) > 1 else (batch_axes[0] if batch_axes else None)
     return NamedSharding(mesh, P(first, *([None] * (ndim - 1))))
+
+
+# ------------------------------------------------------------------------------------------- decode layout
+
+# The policy's decode layouts (`rollout.decode_layout`), as parameter rules. The trainer keeps its params
+# fsdp-sharded, so a sampler reading them gathers the whole model at every decode step; a decode layout
+# is a copy in the compute dtype, made once per RL step, that a decode step reads from local HBM only:
+#   replicated: every device holds all the weights (where they fit beside the train state and the cache)
+#   tensor:     heads / kv heads / mlp / vocab split over the `tensor` axis, the rest replicated
+#   train:      no copy: decode with the trainer's params as they are
+DECODE_LAYOUTS = ("train", "replicated", "tensor")
+_DECODE_RULES = {
+    "replicated": tuple((name, None) for name, _ in DEFAULT_RULES),
+    "tensor": (
+        ("embed", None),
+        ("heads", "tensor"),
+        ("kv_heads", "tensor"),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+        ("head_dim", None),
+        ("norm", None),
+    ),
+}
+
+
+def decode_param_shardings(config, mesh: Mesh, layout: str):
+    """NamedSharding of every parameter in decode `layout` ("replicated" or "tensor")."""
+    if layout not in _DECODE_RULES:
+        raise ValueError(f"decode layout {layout!r}: expected one of {sorted(_DECODE_RULES)}")
+    return param_shardings(config, mesh, _DECODE_RULES[layout])
+
+
+def to_decode_layout(config, params, mesh: Mesh, layout: str):
+    """`params` as the sampler should read them: a copy in the compute dtype in decode `layout`, or, for
+    "train", `params` themselves. Compiled once per (config, mesh, layout)."""
+    if layout == "train":
+        return params
+    if layout not in DECODE_LAYOUTS:
+        raise ValueError(f"decode layout {layout!r}: expected one of {DECODE_LAYOUTS}")
+    return _decode_copy(config, mesh, layout)(params)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_copy(config, mesh: Mesh, layout: str):
+    dtype = config.compute_dtype
+    return jax.jit(
+        lambda p: jax.tree_util.tree_map(lambda x: x.astype(dtype), p),
+        out_shardings=decode_param_shardings(config, mesh, layout),
+    )

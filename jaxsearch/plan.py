@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsearch import parallel
 from jaxsearch.agent import sampler as sampler_lib
+from jaxsearch.agent import slots as slots_lib
 from jaxsearch.config import RunConfig
 from jaxsearch.models import qwen2
 from jaxsearch.models.policy import model_config
@@ -249,9 +250,21 @@ def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) 
     }
 
 
+def abstract_decode_params(config: qwen2.Qwen2Config, params, layout: str):
+    """The sampler's params (`parallel.to_decode_layout`): `params` for "train", else a copy in the compute
+    dtype carrying the layout's shardings."""
+    if layout == "train":
+        return params
+    shardings = parallel.decode_param_shardings(config, _mesh_of(params), layout)
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, config.compute_dtype, sharding=s), params, shardings
+    )
+
+
 def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dict, float]:
-    """The sampler's decode (`sampler.jit_decode`: a segment of up to max_segment_tokens steps over the
-    whole cache, the state donated) compiled on the abstract params and cache."""
+    """The rollout's decode call compiled on the abstract params and cache, the state donated: the lockstep
+    sampler's (`sampler.jit_decode`: a segment of up to max_segment_tokens steps) or, with
+    `rollout.scheduler=slots`, the decode slots' (`slots.decode_steps`: steps_per_call steps)."""
     mesh = _mesh_of(params)
     lengths = cache["lengths"]
     rows = lengths.shape[0]
@@ -261,14 +274,22 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dic
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
     keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P()))
     state = sampler_lib.DecodeState(cache=cache, logits=logits, keys=keys)
-    budget = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=lengths.sharding)
+    per_row = functools.partial(jax.ShapeDtypeStruct, sharding=lengths.sharding)
     vocab = config.vocab_size
     table = sampler_lib.StopTable.from_arrays(
         np.zeros((vocab, sampler_lib.MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], [0]
     )
     r = cfg.rollout
     sampling = sampler_lib.SamplingParams(r.temperature, r.top_p, r.top_k)
+    if r.scheduler == "slots":
+        window = jax.ShapeDtypeStruct(
+            (rows, sampler_lib.window_size(table)), jnp.uint8, sharding=parallel.batch_sharding(mesh, 2)
+        )
+        slot_state = slots_lib.SlotState(state, per_row((rows,), bool), per_row((rows,), jnp.int32), window)
+        jitted = slots_lib.jit_decode_steps(mesh)
+        return compile_fn(jitted, config, params, slot_state, table, sampling, r.steps_per_call)
     jitted = sampler_lib.jit_decode(mesh)
+    budget = per_row((rows,), jnp.int32)
     return compile_fn(jitted, config, params, state, budget, table, sampling, r.max_segment_tokens)
 
 
@@ -317,18 +338,23 @@ def plan(
 
     roll_rows = cfg.rollout.micro_batch or rows
     cache = abstract_cache(config, mesh, roll_rows, width)
-    decode, decode_s = plan_decode_step(config, params, cache, cfg)
+    layout = cfg.rollout.decode_layout
+    decode_params = abstract_decode_params(config, params, layout)
+    decode, decode_s = plan_decode_step(config, decode_params, cache, cfg)
     kv = device_bytes(cache)
+    resident["decode_params"] = 0 if layout == "train" else device_bytes(decode_params)
 
     # phases: the update (policy state in the step, the reference / critic resident beside it) and the
-    # rollout (the whole train state stays resident; the decode step reads the params and the cache)
+    # rollout (the whole train state stays resident; the decode step reads the params, or their decode
+    # layout copy, and the cache: both are among its arguments)
     others = resident["reference_params"] + resident["critic_state"]
     phases = {"train_step": train["total"] + others}
     if critic:
         phases["critic_step"] = (
             critic["memory"]["total"] + resident["policy_state"] + resident["reference_params"]
         )
-    phases["rollout"] = decode["total"] + others + resident["policy_state"] - resident["policy_params"]
+    in_decode_args = resident["policy_params"] if layout == "train" else 0
+    phases["rollout"] = decode["total"] + others + resident["policy_state"] - in_decode_args
     peak = max(phases.values())
     capacity = target_bytes(target)
     budget = capacity * (1 - headroom)
@@ -347,6 +373,8 @@ def plan(
         algo=dict(advantage=cfg.algo.advantage, mini_batch_rows=mb, micro_batches=cfg.algo.micro_batches),
         seq_len=width,
         rollout_rows=roll_rows,
+        decode_layout=layout,
+        scheduler=cfg.rollout.scheduler,
         train_step=dict(memory=train, compile_s=train_s),
         critic_step=critic,
         decode_step=dict(memory=decode, compile_s=decode_s),
@@ -373,7 +401,8 @@ def format_report(r: dict) -> str:
         f"mesh {r['mesh']} ({r['devices']} {r['backend']} devices); model {r['model']['num_params'] / 1e9:.2f}B params, "
         f"{r['model']['param_dtype']} params / {r['model']['dtype']} compute, remat={r['model']['remat']}",
         f"algo {r['algo']['advantage']}: mini-batch {r['algo']['mini_batch_rows']} rows x {r['seq_len']} tokens, "
-        f"{r['algo']['micro_batches']} micro-batches; rollout {r['rollout_rows']} rows",
+        f"{r['algo']['micro_batches']} micro-batches; rollout {r['rollout_rows']} rows, "
+        f"{r['scheduler']} scheduler, decode layout {r['decode_layout']}",
         "",
         f"{'per device (GB)':<22}{'argument':>10}{'temp':>10}{'output':>10}{'alias':>10}{'total':>10}"
         f"{'compile s':>11}",
@@ -427,7 +456,13 @@ HARDWARE = {
 
 
 def step_time_estimate(
-    cfg, chips: int, hardware: str, mfu: float = 0.4, seq_len: int = 2048, decode_steps: int | None = None
+    cfg,
+    chips: int,
+    hardware: str,
+    mfu: float = 0.4,
+    seq_len: int = 2048,
+    decode_steps: int | None = None,
+    tensor: int = 1,
 ) -> dict:
     """Seconds per RL step of config `cfg` on `chips` chips, from FLOPs and bytes (no measurement):
 
@@ -436,8 +471,10 @@ def step_time_estimate(
               at `mfu` of the chips' peak
     rollout   `decode_steps` sequential steps (default max_turns x max_segment_tokens, every segment running
               to its budget: an upper bound) per rollout micro-batch; each step is bound by the slowest of
-              all-gathering the bf16 weights (the sampler keeps them fsdp-sharded), reading the KV cache and
-              weights from HBM, and its FLOPs
+              all-gathering the bf16 weights (decode layout "train": the sampler reads the fsdp-sharded
+              params), reading the KV cache (split over the chips) and the weights from HBM (a chip reads
+              1 / chips of them in the train layout, all of them replicated, 1 / tensor of them
+              tensor-parallel over a `tensor` axis of that size), and its FLOPs
     """
     cfg = RunConfig.from_dict(cfg)
     config = model_config(cfg.model)
@@ -457,8 +494,10 @@ def step_time_estimate(
     weight_bytes = 2 * n  # bf16
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
     kv_bytes = micro * seq_len * kv_per_token  # the cache read by each step (average context seq_len)
-    gather_s = weight_bytes * (chips - 1) / chips / hw["gather"]
-    hbm_s = (weight_bytes / chips + kv_bytes / chips) / hw["hbm"]
+    layout = cfg.rollout.decode_layout
+    gather_s = weight_bytes * (chips - 1) / chips / hw["gather"] if layout == "train" else 0.0
+    weights_read = {"train": weight_bytes / chips, "replicated": weight_bytes, "tensor": weight_bytes / tensor}
+    hbm_s = (weights_read[layout] + kv_bytes / chips) / hw["hbm"]
     flops_s = 2 * n * micro / (chips * hw["flops"])
     per_step = max(gather_s, hbm_s, flops_s)
     rollout_s = n_micro * steps * per_step
@@ -471,7 +510,9 @@ def step_time_estimate(
         decode_bound="all-gather" if per_step == gather_s else ("hbm" if per_step == hbm_s else "flops"),
         rollout_s=rollout_s,
         step_s=update_s + rollout_s,
-        assumptions=dict(mfu=mfu, seq_len=seq_len, decode_steps=steps, rollout_micro_batches=n_micro),
+        assumptions=dict(
+            mfu=mfu, seq_len=seq_len, decode_steps=steps, rollout_micro_batches=n_micro, decode_layout=layout
+        ),
     )
 
 
@@ -481,5 +522,5 @@ def format_estimate(e: dict) -> str:
         f"estimated step on {e['chips']} x {e['hardware']}: {e['step_s']:.0f} s = update {e['update_s']:.0f} s "
         f"({e['update_tflop'] / 1e3:.0f} PFLOP at {a['mfu']:.0%} MFU) + rollout <= {e['rollout_s']:.0f} s "
         f"({a['rollout_micro_batches']} x {a['decode_steps']} decode steps of {e['decode_step_ms']:.1f} ms, "
-        f"{e['decode_bound']}-bound); {a['seq_len']} tokens per row on average"
+        f"{e['decode_bound']}-bound, decode layout {a['decode_layout']}); {a['seq_len']} tokens per row on average"
     )

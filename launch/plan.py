@@ -60,7 +60,8 @@ def main(argv):
     shape = plan.parse_mesh(flags.FLAGS.mesh)
     estimate = None
     if flags.FLAGS.estimate:
-        estimate = plan.step_time_estimate(cfg, plan.mesh_size(shape), flags.FLAGS.estimate)
+        tensor = shape.get("tensor", 1)
+        estimate = plan.step_time_estimate(cfg, plan.mesh_size(shape), flags.FLAGS.estimate, tensor=tensor)
     if flags.FLAGS.estimate_only:
         if estimate is None:
             raise app.UsageError("--estimate_only needs --estimate v5p or h100")

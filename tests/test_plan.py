@@ -115,10 +115,49 @@ def test_step_time_estimate_of_eka_7b_on_v5p_by_hand():
     from configs import eka_7b
     from jaxsearch import plan
 
-    e = plan.step_time_estimate(eka_7b.get_config(), 32, "v5p")
+    cfg = eka_7b.get_config()
+    cfg.rollout.decode_layout = "train"
+    e = plan.step_time_estimate(cfg, 32, "v5p")
     n, tokens = 7_615_616_512, 512 * 5 * 2048
     assert e["update_tflop"] == pytest.approx(12 * n * tokens / 1e12)
     assert e["update_s"] == pytest.approx(12 * n * tokens / (32 * 459e12 * 0.4))
     assert e["decode_bound"] == "all-gather"
     assert e["decode_step_ms"] == pytest.approx(2 * n * 31 / 32 / 600e9 * 1e3)
     assert e["rollout_s"] == pytest.approx(5 * 2000 * 2 * n * 31 / 32 / 600e9)
+
+
+def test_step_time_estimate_of_the_decode_layouts_by_hand():
+    """eka_7b on 8 H100: replicated, a decode step reads all 2N bf16 weight bytes and an eighth of the cache
+    (512 rows x 2048 tokens x 28 layers x k, v x 4 kv heads x 128 x 2 bytes) at 3.35 TB/s, nothing gathered;
+    tensor-parallel over 2, half the weights. The issue's bound: rollout <= 75 s replicated."""
+    from configs import eka_7b
+    from jaxsearch import plan
+
+    cfg = eka_7b.get_config()
+    n, kv = 7_615_616_512, 512 * 2048 * 28 * 2 * 4 * 128 * 2
+    cfg.rollout.decode_layout = "replicated"
+    e = plan.step_time_estimate(cfg, 8, "h100")
+    assert e["decode_bound"] == "hbm"
+    assert e["decode_step_ms"] == pytest.approx((2 * n + kv / 8) / 3.35e12 * 1e3)
+    assert e["rollout_s"] == pytest.approx(5 * 2000 * (2 * n + kv / 8) / 3.35e12) and e["rollout_s"] <= 75
+    cfg.rollout.decode_layout = "tensor"
+    e = plan.step_time_estimate(cfg, 8, "h100", tensor=2)
+    assert e["decode_step_ms"] == pytest.approx((n + kv / 8) / 3.35e12 * 1e3)
+
+
+@pytest.mark.parametrize("mesh, layout", [("fsdp=4", "replicated"), ("data=2,fsdp=2,tensor=2", "tensor")])
+def test_tiny_plan_counts_the_decode_layout_copy(mesh, layout):
+    """The decode layout's copy (fp32 compute here) is resident in the rollout phase beside the whole policy
+    state; replicated, it is every parameter on every device. The slots scheduler's decode call compiles."""
+    args = ["--mesh", mesh, "--json", *TINY, f"--config.rollout.decode_layout={layout}"]
+    r = json.loads(run_plan(*args, "--config.rollout.scheduler=slots"))
+    assert r["decode_layout"] == layout and r["scheduler"] == "slots"
+    copy = r["resident"]["decode_params"]
+    if layout == "replicated":
+        assert copy == 4 * r["model"]["num_params"]
+    else:  # heads, kv heads, mlp and vocab split over tensor=2: between half and all of the params
+        assert 2 * r["model"]["num_params"] < copy < 4 * r["model"]["num_params"]
+    assert r["decode_step"]["memory"]["argument"] >= copy + r["kv_cache"]["per_device"]
+    others = r["resident"]["reference_params"] + r["resident"]["critic_state"]
+    expected = r["decode_step"]["memory"]["total"] + others + r["resident"]["policy_state"]
+    assert r["phases"]["rollout"] == expected

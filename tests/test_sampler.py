@@ -334,3 +334,53 @@ def test_decode_slots_give_the_samplers_segments(model, steps):
             n_stopped += 1
             assert (len(tokens), stop) == expected, i
     assert n_stopped >= 2 and len(got[4][0][0]) == 1 and len(got[2][0][0]) <= 7
+
+
+def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
+    """The result shapes of every all-gather in compiled HLO text."""
+    import re
+
+    shapes = []
+    for line in hlo.splitlines():
+        match = re.search(r"=\s*(.*?)\s+all-gather(-start)?\(", line)  # "%name = f32[48,4,32]{...} all-gather("
+        if match:
+            dims = re.findall(r"\[([\d,]*)\]", match.group(1))
+            shapes += [tuple(int(d) for d in ds.split(",") if d) for ds in dims]
+    return shapes
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, layout", [({"fsdp": 8}, "train"), ({"fsdp": 8}, "replicated"), ({"fsdp": 4, "tensor": 2}, "tensor")]
+)
+def test_decode_layout_compiles_a_decode_step_without_gathering_weights(model, mesh_shape, layout):
+    """The trainer's fsdp-sharded params make every decode step all-gather the weights; the decode layouts
+    (a replicated or tensor-parallel copy, `parallel.to_decode_layout`) compile the sampler's decode call
+    with no all-gather of a weight, and sample the same tokens."""
+    from jaxsearch import parallel
+
+    _, config, params = model
+    mesh = parallel.make_mesh(mesh_shape)
+    train_params = jax.device_put(params, parallel.param_shardings(config, mesh))
+    decode_params = parallel.to_decode_layout(config, train_params, mesh, layout)
+    table = piece_table(config.vocab_size, ["</search>"])
+    smp = S.Sampler(config, table, cache_len=64, max_segment=10, sampling=S.SamplingParams(0.0), mesh=mesh)
+    prompts = [[i + 1, i + 2, i + 3][: 1 + i % 3] for i in range(8)]
+    state = smp.start(decode_params, prompts, seed=3)
+    budget = np.full(8, 10, np.int32)
+    hlo = smp._decode.lower(config, decode_params, state, budget, table, smp.sampling, 10).compile().as_text()
+    weight_shapes = {tuple(x.shape) for x in jax.tree_util.tree_leaves(params)}
+    gathered_weights = weight_shapes & set(_gathered_shapes(hlo))
+    if layout == "train":
+        assert gathered_weights  # the check sees weight gathers where there are some
+    else:
+        assert not gathered_weights, gathered_weights
+        leaves = jax.tree_util.tree_leaves(decode_params)
+        if layout == "replicated":
+            assert all(x.sharding.is_fully_replicated for x in leaves)
+        else:
+            assert not all(x.sharding.is_fully_replicated for x in leaves)
+    seg, _ = smp.decode(decode_params, state, 10)
+    ref, _ = S.Sampler(config, table, cache_len=64, max_segment=10, sampling=S.SamplingParams(0.0)).decode(
+        params, S.Sampler(config, table, 64, 10, S.SamplingParams(0.0)).start(params, prompts, 3), 10
+    )
+    np.testing.assert_array_equal(seg.tokens, ref.tokens)

@@ -157,6 +157,12 @@ class Slots:
         return StepsResult(*(multihost.to_host(x) for x in out))
 
 
+def jit_decode_steps(mesh: jax.sharding.Mesh | None = None):
+    """`decode_steps` jitted as `Slots.decode` runs it (under the mesh's activation sharding, the slot state
+    donated; config, sampling and steps static): `launch/plan.py` lowers this same function."""
+    return _jitted(mesh)[0]
+
+
 @functools.lru_cache(maxsize=None)
 def _jitted(mesh: jax.sharding.Mesh | None):
     """(decode_steps, insert, _empty) jitted once per mesh (under its activation sharding), the slot state

@@ -63,11 +63,12 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     state = algo.init_state(params)
     del params  # donated to the first update
 
+    def decode_params():  # the policy as the sampler reads it (rollout.decode_layout), freed after use
+        return parallel.to_decode_layout(config, state["policy"].params, mesh, cfg.rollout.decode_layout)
+
     def evaluate(step: int) -> dict:
         key = step_key(cfg.seed, EVAL_STREAM, step)
-        return heldout_metrics(
-            eval_engine, state["policy"].params, held_out, key, judge, cfg.protocol.data_prompt
-        )
+        return heldout_metrics(eval_engine, decode_params(), held_out, key, judge, cfg.protocol.data_prompt)
 
     # --- resume: state and data position from the last checkpoint, metrics after it forgotten
     d = cfg.data
@@ -96,7 +97,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
             examples = next(iterator)
             messages = qa.prompt_messages(examples, cfg.protocol.name, cfg.protocol.data_prompt)
             key = step_key(cfg.seed, ROLLOUT_STREAM, step)
-            traj = engine.rollout(state["policy"].params, [e.question for e in examples], key, messages)
+            traj = engine.rollout(decode_params(), [e.question for e in examples], key, messages)
         with timer("reward"):
             scores, reward_terms = reward_fn.score(reward_inputs(traj, examples))
             scores = scores.astype(np.float32)
