@@ -20,6 +20,9 @@ def get_config():
     # by 8, 16, 32 and 64 data-parallel devices
     # the rollout decodes 512 of the 2560 rows at a time: a 120 GB KV cache in all instead of 601 GB
     c.rollout.micro_batch = 512
+    # decode from a replicated bf16 copy (15.2 GB) instead of all-gathering the fsdp-sharded weights at every
+    # token: bench/RESULTS.md "Memory plans" (fits every documented 7B target)
+    c.rollout.decode_layout = "replicated"
     c.protocol.name = "search_r1"
     c.data.train = "data/nq_hotpotqa_train/train.parquet"
     c.data.eval = {

@@ -34,7 +34,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
     agent.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
     agent.add_argument(
         "--scheduler",
-        default="lockstep",
+        default="slots",
         choices=["lockstep", "slots"],
         help="lockstep: a turn waits for its slowest row; slots: rows never wait (decode slots)",
     )

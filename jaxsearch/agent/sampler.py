@@ -234,19 +234,24 @@ def decode_loop(
     b = budget.shape[0]
     s_max = state.cache["k"][0].shape[2]
     budget = jnp.minimum(budget, s_max - state.cache["lengths"])  # never write past the cache end
-    rows = jnp.arange(b)
 
     def cond(seg: SegmentState):
         return (seg.step < max_new) & jnp.any(seg.active)
 
+    def write(out, value, active, step):  # a row active at `step` has decoded `step` tokens in this call
+        column = jnp.where(active, value, jnp.zeros_like(value))[:, None]
+        return jax.lax.dynamic_update_slice_in_dim(out, column, step, axis=1)
+
     def body(seg: SegmentState) -> SegmentState:
         st, active, length = seg.state, seg.active, seg.length
         tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache["lengths"], sampling)
-        col = jnp.where(active, length, max_new)  # inactive rows write out of range (dropped)
         logits, cache = qwen2.decode_step(config, params, st.cache, tok, active)
-        window = jnp.where(active[:, None], roll_window(seg.window, tok, table), seg.window)
-        hit = match_stops(window, table)
-        code = jnp.where(hit >= 0, hit, _match_eos(tok, table))
+        code = _match_eos(tok, table)
+        window = seg.window
+        if table.num_stop_strings:  # the byte scan only where there are stop strings
+            window = jnp.where(active[:, None], roll_window(seg.window, tok, table), seg.window)
+            hit = match_stops(window, table)
+            code = jnp.where(hit >= 0, hit, code)
         budget = seg.budget - active
         return SegmentState(
             step=seg.step + 1,
@@ -257,9 +262,9 @@ def decode_loop(
             active=active & (code == STOP_BUDGET) & (budget > 0),
             budget=budget,
             window=window,
-            tokens=seg.tokens.at[rows, col].set(tok, mode="drop"),
-            logprobs=seg.logprobs.at[rows, col].set(logp, mode="drop"),
-            entropy=seg.entropy.at[rows, col].set(ent, mode="drop"),
+            tokens=write(seg.tokens, tok, active, seg.step),
+            logprobs=write(seg.logprobs, logp, active, seg.step),
+            entropy=write(seg.entropy, ent, active, seg.step),
             length=length + active,
             stop=jnp.where(active, code, seg.stop),
         )
