@@ -232,7 +232,7 @@ def decode_loop(
     whole segment per call) and the decode slots' `agent/slots.decode_steps` (a few tokens per call).
     """
     b = budget.shape[0]
-    s_max = state.cache["k"][0].shape[2]
+    s_max = state.cache["k"][0].shape[1]
     budget = jnp.minimum(budget, s_max - state.cache["lengths"])  # never write past the cache end
 
     def cond(seg: SegmentState):

@@ -25,7 +25,7 @@ on small models a decode step costs per op rather than per FLOP.
     final_norm/scale         [E]
     lm_head/kernel           [E, V]        (embed, vocab)    absent when embeddings are tied
 
-The KV cache is a pytree `{"k": L x [B, K, S, D], "v": L x [B, K, S, D], "lengths": [B]}` (a tuple of
+The KV cache is a pytree `{"k": L x [B, S, K, D], "v": L x [B, S, K, D], "lengths": [B]}` (a tuple of
 per-layer arrays, so each decode step updates every layer's buffer in place): row b holds its
 valid tokens in slots [0, lengths[b]) and its next token has position lengths[b]. `extend` appends a
 chunk of tokens per row (padding anywhere in the chunk is skipped), which serves prefill (empty
@@ -300,10 +300,7 @@ def apply_rope(x, cos, sin):
 
 
 def attend(q, k, v, mask, chunk: int = 0):
-    """Grouped-query attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] bool -> [B, T, H, D].
-
-    k and v hold kv heads before length, the KV cache's layout (`CACHE_AXES`): (batch, kv head) lead both
-    operands of each matmul, so a decode step reads the cache as it lies instead of transposing all of it.
+    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
 
     Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
     With 0 < chunk < T, queries go `chunk` at a time (T padded up to a multiple) through a `lax.map` whose
@@ -319,13 +316,13 @@ def attend(q, k, v, mask, chunk: int = 0):
         one = jax.checkpoint(lambda qm: attend(qm[0], k, v, qm[1]))
         out = jax.lax.map(one, (q_chunks, m_chunks)).swapaxes(0, 1).reshape(b, n * chunk, h, d)
         return out[:, :t]
-    kvh = k.shape[1]
+    kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (d**-0.5)
     scores = jnp.where(mask[:, None, None], scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, d)
 
 
@@ -334,8 +331,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, kv_write):
-        """x [B, T, E]. kv_write(k, v) -> (k_all, v_all [B, K, S, D], extra): how the chunk's keys [B, T, K, D]
-        meet the context."""
+        """x [B, T, E]. kv_write(k, v) -> (k_all, v_all, extra): how the chunk's keys meet the context."""
         cfg = self.config
         e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         init = nn.initializers.normal(0.02)
@@ -499,8 +495,7 @@ def hidden_states(config: Qwen2Config, params: Params, input_ids, attention_mask
 
 
 def _no_cache(k, v):
-    """The chunk is the whole context: k, v [B, T, K, D] -> [B, K, T, D] (attend's layout)."""
-    return k.swapaxes(1, 2), v.swapaxes(1, 2), None
+    return k, v, None
 
 
 def _scanned_hidden_states(config: Qwen2Config, params: Params, input_ids, positions, mask):
@@ -584,13 +579,14 @@ def token_logprobs(
 # ----------------------------------------------------------------------------------------------
 
 
-# the KV cache's logical axes: kv heads before length, so attention reads it without a transpose
-CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")
+# the KV cache's logical axes. Not [B, K, S, D]: that layout's write (slots indexed around the kv-head axis)
+# made libtpu's decode step hold a cache-sized temporary (bench/RESULTS.md, issue 17)
+CACHE_AXES = ("batch", "length", "kv_heads", "head_dim")
 
 
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> dict:
-    """An empty cache: k, v tuples of L zero arrays [B, K, S, D] in the compute dtype; lengths [B] zeros."""
-    shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    """An empty cache: k, v tuples of L zero arrays [B, S, K, D] in the compute dtype; lengths [B] zeros."""
+    shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
     dtype = dtype or config.compute_dtype
     layers = range(config.num_hidden_layers)
     return {  # sharded like the activations, when they are
@@ -614,7 +610,7 @@ def extend(
         token_mask = jnp.ones_like(tokens)
     token_mask = token_mask.astype(bool)
     b, t = tokens.shape
-    s = cache["k"][0].shape[2]
+    s = cache["k"][0].shape[1]
     offset = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1  # index among the row's valid tokens
     slot = cache["lengths"][:, None] + offset  # [B, T] slot (== position)
     write_slot = jnp.where(token_mask, slot, s)  # s: out of range, dropped
@@ -628,9 +624,8 @@ def extend(
     def writer(layer):
         def kv_write(k, v):
             k_cache, v_cache = cache["k"][layer], cache["v"][layer]
-            # [B, T] index pairs around a slice: the indexed dims go first, so the update is k's [B, T, K, D]
-            k_all = k_cache.at[rows, :, write_slot].set(k.astype(k_cache.dtype), mode="drop")
-            v_all = v_cache.at[rows, :, write_slot].set(v.astype(v_cache.dtype), mode="drop")
+            k_all = k_cache.at[rows, write_slot].set(k.astype(k_cache.dtype), mode="drop")
+            v_all = v_cache.at[rows, write_slot].set(v.astype(v_cache.dtype), mode="drop")
             return k_all, v_all, (k_all, v_all)
 
         return kv_write
