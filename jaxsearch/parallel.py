@@ -117,7 +117,6 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedShard
 #   replicated: every device holds all the weights (where they fit beside the train state and the cache)
 #   tensor:     heads / kv heads / mlp / vocab split over the `tensor` axis, the rest replicated
 #   train:      no copy: decode with the trainer's params as they are
-DECODE_LAYOUTS = ("train", "replicated", "tensor")
 _DECODE_RULES = {
     "replicated": tuple((name, None) for name, _ in DEFAULT_RULES),
     "tensor": (
@@ -144,8 +143,6 @@ def to_decode_layout(config, params, mesh: Mesh, layout: str):
     "train", `params` themselves. Compiled once per (config, mesh, layout)."""
     if layout == "train":
         return params
-    if layout not in DECODE_LAYOUTS:
-        raise ValueError(f"decode layout {layout!r}: expected one of {DECODE_LAYOUTS}")
     return _decode_copy(config, mesh, layout)(params)
 
 

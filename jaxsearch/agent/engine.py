@@ -119,10 +119,7 @@ class AgentEngine:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
-        internal = None
-        if self.protocol.needs_internal_knowledge:
-            internal_sampler = self.internal_sampler or self.sampler
-            internal = text_generator(internal_sampler, params, self.tokenizer, internal_key)
+        internal = self._internal_stream(params, internal_key)
         t = time.perf_counter()
         state = self.sampler.start(params, [r.prompt for r in rows], keys)
         clock["device"] += time.perf_counter() - t
@@ -157,9 +154,7 @@ class AgentEngine:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
-        internal = None
-        if self.protocol.needs_internal_knowledge:
-            internal = text_generator(self.internal_sampler or self.sampler, params, self.tokenizer, internal_key)
+        internal = self._internal_stream(params, internal_key)
         slots = Slots(self.sampler, self.steps_per_call)
         n = min(self.micro_batch or len(rows), len(rows))
         state = slots.empty(n)
@@ -224,6 +219,12 @@ class AgentEngine:
         # device and host overlap here: host is the wall time left when neither device nor retrieval ran
         clock["host"] = max(0.0, time.perf_counter() - t_start - clock["device"] - clock["retrieval"])
         return traj
+
+    def _internal_stream(self, params, key):
+        """SOAR's internal-knowledge generator (`text_generator` on `internal_sampler`), None for the others."""
+        if not self.protocol.needs_internal_knowledge:
+            return None
+        return text_generator(self.internal_sampler or self.sampler, params, self.tokenizer, key)
 
     def _start_rows(self, questions, messages, clock) -> list[Row]:
         """A row per question: its P0 (EKA) and its prompt's token ids; checks the cache has room to act."""
