@@ -1,8 +1,10 @@
-"""The retriever interface: `Doc`, the `Retriever` protocol, and Search-R1's passage strings."""
+"""The retriever interface: `Doc`, the `Retriever` protocol, and the observation strings of Search-R1
+(passages) and Graph-R1 (its `/search` results)."""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from typing import Protocol
 
 
@@ -67,3 +69,18 @@ def format_passages(docs: list[Doc]) -> str:
         title, _, text = d.contents.partition("\n")
         lines.append(f"Doc {i}(Title: {title}) {text}\n")
     return "".join(lines)
+
+
+COHERENCE_DECIMALS = 3  # graphr1/operate.py _build_query_context: round(score, 3)
+
+
+def graph_r1_results(docs: list[Doc]) -> list[dict]:
+    """Graph-R1's result items: `{"<knowledge>": contents, "<coherence>": score rounded to 3 decimals}`."""
+    return [{"<knowledge>": d.contents, "<coherence>": round(d.score, COHERENCE_DECIMALS)} for d in docs]
+
+
+def graph_r1_result_string(docs: list[Doc]) -> str:
+    """One query's answer in Graph-R1's `POST /search` reply: the JSON string of `{"results": [...]}`
+    (script_api.py `json.dumps`: default separators, ASCII-escaped); Graph-R1's agent shows it to the model
+    verbatim inside `<knowledge>` (agent/tool/tool_env.py, the tool_custom_response_template)."""
+    return json.dumps({"results": graph_r1_results(docs)})

@@ -1,11 +1,11 @@
-"""`make_retriever(kind, ...)`: pick a retriever by name from a config ("bm25", "dense", "remote")."""
+"""`make_retriever(kind, ...)`: pick a retriever by name from a config ("bm25", "dense", "remote", "hypergraph")."""
 from __future__ import annotations
 
 import os
 
 from jaxsearch.retrieval.base import Retriever
 
-KINDS = ("bm25", "dense", "remote")
+KINDS = ("bm25", "dense", "remote", "hypergraph")
 
 
 def make_retriever(kind: str, corpus: str | None = None, index: str | None = None, url: str | None = None,
@@ -17,6 +17,8 @@ def make_retriever(kind: str, corpus: str | None = None, index: str | None = Non
             without `index`, encode the corpus into an in-RAM Flat index (small corpora only).
             kwargs: ef_search, nprobe, use_gpu.
     remote: `url` of a Search-R1-API server; kwargs: timeout, retries, backoff, max_backoff.
+    hypergraph: `index` (dir from build_hypergraph.py); `encoder` overrides the one it was built with;
+            kwargs: top_entities, top_hyperedges, use_gpu.
     """
     if kind == "remote":
         from jaxsearch.retrieval.client import RemoteRetriever
@@ -24,6 +26,14 @@ def make_retriever(kind: str, corpus: str | None = None, index: str | None = Non
         if not url:
             raise ValueError("retriever 'remote' needs url= (e.g. http://127.0.0.1:8000/retrieve)")
         return RemoteRetriever(url, **kwargs)
+    if kind == "hypergraph":
+        from jaxsearch.retrieval.build import recover
+        from jaxsearch.retrieval.hypergraph import HypergraphRetriever
+
+        if not index:
+            raise ValueError("retriever 'hypergraph' needs index= (a directory from launch/build_hypergraph.py)")
+        recover(os.fspath(index))
+        return HypergraphRetriever.load(index, encoder, progress=progress, **kwargs)
     if kind not in KINDS:
         raise ValueError(f"unknown retriever kind {kind!r}; choose from {KINDS}")
     if not corpus:

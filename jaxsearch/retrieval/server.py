@@ -10,6 +10,9 @@ model (`topk: "3"` -> 3, `return_scores: 1` -> true, extra fields ignored): an e
 `topk` the server's default; any number of queries (searched `max_batch` at a time) and queries of any
 length. `contents` is the corpus line's, byte for byte. Anything else (no `queries`, a non-string query,
 `topk` -1 or "abc") is a 4xx naming the field.
+
+With `search_topk` set, also Graph-R1's `POST /search` `{"queries": [str]}` -> one JSON string per query,
+`'{"results": [{"<knowledge>": text, "<coherence>": score}, ...]}'` (top `search_topk`; script_api.py).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from jaxsearch.retrieval.base import Doc, Retriever
+from jaxsearch.retrieval.base import Doc, Retriever, graph_r1_result_string
 
 
 class RetrieveRequest(BaseModel):
@@ -34,6 +37,12 @@ class RetrieveRequest(BaseModel):
     queries: list[str]
     topk: int | None = None
     return_scores: bool = False
+
+
+class GraphR1SearchRequest(BaseModel):
+    """Graph-R1's `/search` request body (script_api.py SearchRequest)."""
+
+    queries: list[str]
 
 
 @dataclasses.dataclass
@@ -126,9 +135,10 @@ def _doc_json(doc: Doc) -> dict:
 
 
 def create_app(retriever: Retriever, name: str, num_docs: int | None = None, default_topk: int = 3,
-               max_topk: int | None = None, max_batch: int = 1024) -> FastAPI:
+               max_topk: int | None = None, max_batch: int = 1024, search_topk: int | None = None) -> FastAPI:
     """The app serving `retriever`; a malformed request gets a 4xx naming the field. max_topk: None, no limit
-    but the corpus size; max_batch: queries per search call (a larger request is searched in parts)."""
+    but the corpus size; max_batch: queries per search call (a larger request is searched in parts);
+    search_topk: None, no Graph-R1 `/search`; else the results each of its queries gets."""
     batcher = Batcher(retriever, max_batch)
 
     @contextlib.asynccontextmanager
@@ -162,5 +172,12 @@ def create_app(retriever: Retriever, name: str, num_docs: int | None = None, def
         else:
             body = [[_doc_json(d) for d in docs] for docs in results]
         return JSONResponse({"result": body})
+
+    if search_topk is not None:
+
+        @app.post("/search")
+        async def search(request: GraphR1SearchRequest) -> JSONResponse:
+            results = await batcher.search(request.queries, search_topk) if request.queries else []
+            return JSONResponse([graph_r1_result_string(docs) for docs in results])
 
     return app
