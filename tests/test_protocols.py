@@ -120,10 +120,15 @@ def test_graph_r1_prompt_and_observation():
         "Output format for answer:\n<think>\n...\n</think>\n<answer>\n...\n</answer>\n"
         "Question: Who directed Jaws?"
     )
-    # ppo_trainer.yaml tool_custom_response_template, after the <|im_end|> Graph-R1 appends to the response.
-    assert protocol.format_observation(DOCS[:1]) == (
-        '<|im_end|><|im_start|>user\n<knowledge>\nDoc 1(Title: "Hamlet") Hamlet is a tragedy by William '
-        "Shakespeare.\n</knowledge><|im_end|>\n<|im_start|>assistant\n<think>\n"
+    # ppo_trainer.yaml tool_custom_response_template, after the <|im_end|> Graph-R1 appends to the response,
+    # around the server's reply string as Graph-R1's agent receives it (script_api.py json.dumps, score rounded
+    # to 3 decimals by operate.py), written out by hand
+    hyperedge = Doc("e7", "", "Jaws was directed by Steven Spielberg in 1975.", 1.8333333, raw_contents=(
+        "Jaws was directed by Steven Spielberg in 1975."))
+    assert protocol.format_observation([hyperedge, DOCS[1]]) == (
+        '<|im_end|><|im_start|>user\n<knowledge>\n{"results": [{"<knowledge>": "Jaws was directed by Steven '
+        'Spielberg in 1975.", "<coherence>": 1.833}, {"<knowledge>": "\\"William Shakespeare\\"\\nEnglish '
+        'playwright.", "<coherence>": 2.0}]}\n</knowledge><|im_end|>\n<|im_start|>assistant\n<think>\n'
     )
     assert protocol.invalid_hint() == (
         "<|im_end|><|im_start|>user\n<knowledge>\nInvalid tool call format. Please use "
@@ -168,11 +173,17 @@ def test_eka_puts_p0_before_the_first_think(tags):
     contexts = protocol.initial_context(questions, retriever, k=2)
 
     assert retriever.calls == [(questions, 2)]  # one batched call with the raw questions
-    assert contexts[0] == (
-        '<knowledge>\nDoc 1(Title: "Hamlet") Hamlet is a tragedy by William Shakespeare.\n'
-        'Doc 2(Title: "William Shakespeare") English playwright.\n</knowledge>'
-    )
-    assert "Jaws (film)" in contexts[1] and '"Jaws")' in contexts[1] and "Shark" not in contexts[1]
+    if tags == "search_r1":  # Search-R1's passage lines
+        assert contexts[0] == (
+            '<knowledge>\nDoc 1(Title: "Hamlet") Hamlet is a tragedy by William Shakespeare.\n'
+            'Doc 2(Title: "William Shakespeare") English playwright.\n</knowledge>'
+        )
+    else:  # script_process.py: the knowledge strings one per line
+        assert contexts[0] == (
+            '<knowledge>\n"Hamlet"\nHamlet is a tragedy by William Shakespeare.\n'
+            '"William Shakespeare"\nEnglish playwright.\n</knowledge>'
+        )
+    assert "Jaws (film)" in contexts[1] and '"Jaws"' in contexts[1] and "Shark" not in contexts[1]
 
     rendered = QwenTokenizer().apply_chat_template(protocol.build_messages(questions[0], contexts[0]))
     # The user turn ends with P0; the policy's first <think> is generated after it.

@@ -165,7 +165,11 @@ def test_trajectory_is_prompt_policy_and_real_observations(name, world, tokenize
             assert ids == tokenizer.encode(text)
     assert sum(sft.loss_mask) == sum(len(tokenizer.encode(t)) for t in policy) + 1
 
-    # Every word is one token: nothing falls back to characters.
+    # Every word is one token: nothing falls back to characters. (Graph-R1's JSON escapes a passage's title
+    # newline as "\\n", which splits "\\nThe" into characters: its words are those of the decoded knowledge.)
+    if name == "graph_r1":
+        knowledge = [re.search(r"<knowledge>\n(.*)\n</knowledge>", o, re.DOTALL).group(1) for o in observations]
+        observations = [" ".join(r["<knowledge>"] for r in json.loads(k)["results"]) for k in knowledge]
     for word in re.findall(r"[A-Za-z]+|[0-9]+", prompt + "".join(policy + observations)):
         assert in_vocabulary(tokenizer, word), f"{word!r} is not in the vocabulary"
 

@@ -20,10 +20,13 @@ Sources (reference text only; every string below is typed out from them):
   and a search there gets no observation (`do_search=False`).
 - graph_r1: Graph-R1 as forked by EKA (yxzwang/EarlyKnowledgeAlignment): `script_process.py`
   (`instruction_following`), `agent/tool/tool_env.py` (JSON `<query>`, invalid-call text), and the
-  `tool_custom_response_template` of `verl/trainer/config/ppo_trainer.yaml`; Graph-R1's own server returns
-  hyperedges as JSON, ours returns passages, shown in Search-R1's format.
+  `tool_custom_response_template` of `verl/trainer/config/ppo_trainer.yaml`. The knowledge is the search
+  server's reply as Graph-R1's agent shows it: the JSON string `{"results": [{"<knowledge>": ...,
+  "<coherence>": ...}]}` (`retrieval.base.graph_r1_result_string`; hyperedges from the hypergraph retriever,
+  passages' contents from any other).
 - eka: seed 000 (P0 = top-k for the raw question, in `<knowledge>` before the first think). graph_r1 tags:
-  `instruction_following_Retrievalinitial` and the P0 block of the same `script_process.py`. search_r1
+  `instruction_following_Retrievalinitial` and the P0 block of the same `script_process.py` (the knowledge
+  texts one per line: `get_knowledge.py` keeps the `<knowledge>` strings of the server's reply). search_r1
   tags: no published text; Search-R1's prompt with EKA's sentence about the initial knowledge (ours).
 - soar: seed 001, Table 13 (system prompt) and Table 14 (internal knowledge), verbatim but for the spaces the
   PDF extraction put around tags ("( <think> )", "</search> ."). The labels of the two streams inside
@@ -42,7 +45,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from jaxsearch.retrieval.base import Doc, Retriever, format_passages
+from jaxsearch.retrieval.base import Doc, Retriever, format_passages, graph_r1_result_string
 from jaxsearch.agent import parsing
 from jaxsearch.registry import Registry
 
@@ -288,7 +291,7 @@ class GraphR1Protocol(AgentProtocol):
         return Action("search", str(call["query"]))
 
     def format_observation(self, docs: list[Doc]) -> str:
-        return GRAPH_R1_OBSERVATION.format(knowledge=passages(docs))
+        return GRAPH_R1_OBSERVATION.format(knowledge=graph_r1_result_string(docs))
 
     def invalid_hint(self) -> str:
         return GRAPH_R1_OBSERVATION.format(knowledge=GRAPH_R1_INVALID_CALL)
@@ -324,7 +327,8 @@ class EkaGraphR1Protocol(GraphR1Protocol):
     uses_initial_knowledge = True
 
     def initial_block(self, docs: list[Doc]) -> str:
-        return knowledge_block(docs)
+        """script_process.py: the P0 texts joined by newlines inside `<knowledge>`."""
+        return "<knowledge>\n" + "\n".join(d.contents for d in docs) + "\n</knowledge>"
 
 
 @register_protocol("eka")
