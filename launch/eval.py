@@ -178,14 +178,16 @@ def run(args, datasets, progress: bool) -> dict:
     config, params = load_policy(model_config(args), args.seed, mesh)
     engine = build_engine(agent_config(args), config, mesh, evaluation=True)
     gold_corpus, encoder = None, None
-    if args.rs_encoder != "none" and any(ex.supporting_ids for exs in datasets.values() for ex in exs):
+    examples = [ex for exs in datasets.values() for ex in exs]
+    if args.rs_encoder != "none" and any(ex.supporting_ids for ex in examples):
         gold_corpus = getattr(engine.retriever, "corpus", None)
         if gold_corpus is None and args.corpus:
             gold_corpus = Corpus(args.corpus, progress=progress)
-        if gold_corpus is not None:
-            from jaxsearch.retrieval.encoders import Encoder
+    # R-S needs gold text: supporting passages of a corpus, or Graph-R1 rows' own `context`
+    if args.rs_encoder != "none" and (gold_corpus is not None or any("context" in ex.metadata for ex in examples)):
+        from jaxsearch.retrieval.encoders import Encoder
 
-            encoder = Encoder(args.rs_encoder)
+        encoder = Encoder(args.rs_encoder)
     return ev.evaluate(
         engine,
         params,

@@ -234,8 +234,48 @@ def test_empty_and_missing_files(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(QADataError, match="unknown QA file type"):
         load_examples(tmp_path / "x.csv")
-    with pytest.raises(QADataError, match="no train.jsonl or train.parquet"):
+    with pytest.raises(QADataError, match="none of train.jsonl, train.parquet, qa_train.json"):
         find_split(tmp_path, "train")
+
+
+def test_graph_r1_qa_json(tmp_path):
+    # Graph-R1's datasets/NAME/raw/qa_{split}.json: a JSON array of question / golden_answers / context
+    rows = [
+        {"question": " Who directed Jaws? ", "golden_answers": ["Steven Spielberg"], "context": ["P1", "P2", "P1"]},
+        {"question": "Where?", "golden_answers": ["Paris", "France"], "context": "One passage."},
+        {"id": "own", "question": "When?", "golden_answers": ["1975"]},
+    ]
+    (tmp_path / "qa_dev.json").write_text(json.dumps(rows))
+    path = find_split(tmp_path, "dev")
+    assert path == str(tmp_path / "qa_dev.json")
+    a, b, c = load_examples(path)
+    assert (a.id, a.question, a.golden_answers, a.metadata) == (
+        "qa_dev_0",  # numbered from 0 as datasets.Dataset numbers the rows
+        "Who directed Jaws?",
+        ["Steven Spielberg"],
+        {"context": ["P1", "P2"]},  # deduplicated in order, as EKA's compute_rs.py does
+    )
+    assert (b.id, b.golden_answers, b.metadata["context"]) == ("qa_dev_1", ["Paris", "France"], ["One passage."])
+    assert (c.id, c.metadata) == ("own", {})
+    again = tmp_path / "again.jsonl"  # the context survives a FlashRAG round trip
+    write_jsonl([a], again)
+    assert load_examples(again)[0].metadata == {"context": ["P1", "P2"]}
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ('{"question": "q"}', "expected a JSON array"),
+        ('[{"question": "q", "golden_answers": ["a"]}, {"question": "q", "golden_answers": ["a"], "context": [1]}]',
+         "row 2: field 'context'"),
+        ('[{"question": "q", "golden_answers": ["a"]},\n {"question": ', "qa_test.json:2: not valid JSON"),
+        ("[]", "the file has no examples"),
+    ],
+)
+def test_malformed_graph_r1_qa_json_names_row_and_field(tmp_path, text, where):
+    (tmp_path / "qa_test.json").write_text(text)
+    with pytest.raises(QADataError, match=where):
+        load_examples(tmp_path / "qa_test.json")
 
 
 def _examples(n):

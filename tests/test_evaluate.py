@@ -255,6 +255,19 @@ def test_retrieval_similarity_hand_case(minilm):
     assert score == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), abs=1e-6)
 
 
+def test_gold_passages_prefer_the_rows_own_context():
+    class Corpus:
+        def get(self, doc_id):
+            return type("D", (), {"contents": f"text of {doc_id}"})()
+
+    graph_r1 = qa.QAExample("a", "q", ["x"], metadata={"context": ["P1", "P2"]})
+    flashrag = qa.QAExample("b", "q", ["x"], supporting_ids=["d1", "d2"])
+    assert ev.gold_passages(graph_r1) == ["P1", "P2"]  # no corpus needed
+    assert ev.gold_passages(graph_r1, Corpus()) == ["P1", "P2"]
+    assert ev.gold_passages(flashrag, Corpus()) == ["text of d1", "text of d2"]
+    assert ev.gold_passages(flashrag) == [] and ev.gold_passages(qa.QAExample("c", "q", ["x"]), Corpus()) == []
+
+
 def test_summarize_hand_case():
     def record(em, rs, fab, entropy, seg, mask, prediction="x"):
         metrics = dict(em=em, f1=em, sub_em=em, recall=1.0, rs=rs, fabrication=fab)

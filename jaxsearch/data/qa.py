@@ -13,6 +13,11 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
   protocol. A merged Search-R1 test set repeats ids across data sources: an example is identified by
   (`data_source`, `id`) (`QAExample.key`).
 
+- Graph-R1 (LHRLAB/Graph-R1 `script_process.py` reads `datasets/NAME/raw/qa_{train,dev,test}.json`): one JSON
+  array per split of `{"question", "golden_answers", "context"}`; `context` (the gold passages, a list of strings
+  or one string) is kept deduplicated in `metadata["context"]` (R-S's gold text, as EKA's `compute_rs.py`
+  reads it); a row without `id` gets `{file stem}_{index}` (index from 0, as `datasets.Dataset` numbers rows).
+
 A path `tfds:NAME[/CONFIG][:VERSION]?split=SPLIT[&data_dir=DIR]` reads a prepared tensorflow-datasets builder
 instead (trivia_qa, natural_questions, ...; optional extra `[tfds]`): see `jaxsearch/data/tfds_source.py`.
 
@@ -39,7 +44,7 @@ from jaxsearch.data import tfds_source
 from jaxsearch.data.qa_example import QADataError, QAExample
 from jaxsearch.eval.metrics import Regex
 
-SUFFIXES = (".jsonl", ".parquet")
+SUFFIXES = (".jsonl", ".parquet", ".json")
 REGEX_DATASET = "curatedtrec"  # FlashRAG compares its golden answers as regular expressions
 
 
@@ -60,6 +65,8 @@ def example_from_dict(row: dict, where: str, regex_answers: bool = False) -> QAE
         question = _require(row, "question", where)
         answers = _require(row, "golden_answers", where)
         example_id = _require(row, "id", where)
+        if "context" in row:
+            metadata["context"] = _gold_context(row["context"], where)
     if isinstance(example_id, bool) or not isinstance(example_id, (str, int)):
         raise QADataError(f"{where}: field 'id' must be a string or integer, got {example_id!r}")
     if not isinstance(question, str) or not question.strip():
@@ -79,6 +86,12 @@ def example_from_dict(row: dict, where: str, regex_answers: bool = False) -> QAE
         metadata=metadata,
         prompt=None if prompt is None else _chat_messages(prompt, where),
     )
+
+
+def _gold_context(value: object, where: str) -> list[str]:
+    """Graph-R1's `context`: the gold passages, deduplicated in order (EKA `evaluation/compute_rs.py`)."""
+    passages = [value] if isinstance(value, str) else _string_list(value, "context", where)
+    return list(dict.fromkeys(passages))
 
 
 def _search_r1_fields(row: dict, metadata: dict, where: str) -> tuple[object, object, object]:
@@ -181,7 +194,8 @@ def has_regex_answers(path: str) -> bool:
 
 
 def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
-    """Streams the examples of one `.jsonl` or `.parquet` file (blank JSONL lines are skipped) or tfds spec."""
+    """Streams the examples of one `.jsonl`, `.parquet` or Graph-R1 `.json` file (blank JSONL lines are
+    skipped) or tfds spec."""
     path = os.fspath(path)
     if path.startswith(tfds_source.TFDS_PREFIX):
         yield from tfds_source.iter_examples(path)
@@ -192,6 +206,8 @@ def iter_examples(path: str | os.PathLike) -> Iterator[QAExample]:
         rows = _jsonl_rows(path)
     elif path.endswith(".parquet"):
         rows = _parquet_rows(path)
+    elif path.endswith(".json"):
+        rows = _json_array_rows(path)
     else:
         raise QADataError(f"{path}: unknown QA file type (expected one of {', '.join(SUFFIXES)})")
     count = 0
@@ -213,6 +229,22 @@ def _jsonl_rows(path: str) -> Iterator[tuple[str, object]]:
                 yield where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise QADataError(f"{where}: not valid JSON ({e})") from None
+
+
+def _json_array_rows(path: str) -> Iterator[tuple[str, object]]:
+    """Graph-R1's qa_*.json: a JSON array of rows; rows without an `id` are numbered `{stem}_{index}`."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            rows = json.load(f)
+        except json.JSONDecodeError as e:
+            raise QADataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(rows, list):
+        raise QADataError(f"{path}: expected a JSON array of rows, got {type(rows).__name__}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for index, row in enumerate(rows):
+        if isinstance(row, dict) and "id" not in row:
+            row = {**row, "id": f"{stem}_{index}"}
+        yield f"{path}: row {index + 1}", row
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[str, object]]:
@@ -256,14 +288,16 @@ def load_examples(path: str | os.PathLike) -> list[QAExample]:
 
 
 def find_split(directory: str | os.PathLike, split: str) -> str:
-    """The file of `split` in a FlashRAG dataset directory: `{split}.jsonl` or `{split}.parquet`."""
+    """The file of `split` in a dataset directory: FlashRAG's `{split}.jsonl` / `{split}.parquet`, or Graph-R1's
+    `qa_{split}.json`."""
     directory = os.fspath(directory)
-    for suffix in SUFFIXES:
-        path = os.path.join(directory, split + suffix)
+    names = [split + suffix for suffix in (".jsonl", ".parquet")] + [f"qa_{split}.json"]
+    for name in names:
+        path = os.path.join(directory, name)
         if os.path.isfile(path):
             return path
     found = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-    raise QADataError(f"{directory}: no {split}.jsonl or {split}.parquet (found: {found})")
+    raise QADataError(f"{directory}: none of {', '.join(names)} (found: {found})")
 
 
 def write_jsonl(examples: Sequence[QAExample], path: str | os.PathLike) -> None:

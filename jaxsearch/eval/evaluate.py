@@ -28,9 +28,10 @@ Metrics per example (`record["metrics"]`):
     em, f1, sub_em  the final <answer> against the golden answers (`eval.metrics`; no answer scores "")
     recall          FlashRAG's retrieval recall@k: 1 if a golden answer occurs in a passage the episode
                     retrieved: any search's top-k, and EKA's P0 unless include_initial=False
-    rs              R-S (`retrieval_similarity`): the gold passages (`supporting_ids` looked up in
-                    `gold_corpus`) against every distinct retrieved passage (P0 as for recall); None without
-                    supporting ids, without retrieved passages, or without gold_corpus / rs_encoder
+    rs              R-S (`retrieval_similarity`): the gold passages (a Graph-R1 row's `context`, else its
+                    `supporting_ids` looked up in `gold_corpus`) against every distinct retrieved passage (P0 as
+                    for recall); None without gold passages or without rs_encoder; 0.0 without retrieved
+                    passages
     fabrication     SOAR's judge (`judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
                     or no judge
 
@@ -177,7 +178,7 @@ def run_batch(
         lists = ([p0] if p0 else []) + traj.docs[i]
         recall = max([recall_at_k(docs, ex.golden_answers, len(docs)) for docs in lists], default=0.0)
         retrieved.append(_unique_contents(lists))
-        gold.append([gold_corpus.get(d).contents for d in ex.supporting_ids or ()] if gold_corpus else [])
+        gold.append(gold_passages(ex, gold_corpus))
         prediction = traj.answers[i]
         length = int(traj.attention_mask[i].sum())
         records.append(
@@ -214,6 +215,16 @@ def run_batch(
     return records
 
 
+def gold_passages(example: QAExample, gold_corpus=None) -> list[str]:
+    """R-S's gold texts: a Graph-R1 row's own `context`, else its supporting passages in `gold_corpus`
+    (none without one)."""
+    if "context" in example.metadata:
+        return list(example.metadata["context"])
+    if gold_corpus is None:
+        return []
+    return [gold_corpus.get(d).contents for d in example.supporting_ids or ()]
+
+
 def _unique_contents(doc_lists: list[list[Doc]]) -> list[str]:
     seen, out = set(), []
     for docs in doc_lists:
@@ -241,16 +252,14 @@ def evaluate(
     """Run the missing examples of every dataset, append their records, write the summary; return it.
 
     A batch is rolled out with key fold_in(key(seed), i), i the dataset index of its first example (greedy decoding
-    does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S); rs_encoder: the
-    R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S; use_data_prompt:
+    does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S; not needed for rows
+    with their own `context`); rs_encoder: the R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S; use_data_prompt:
     the search_r1 protocol prompts with a dataset's own `prompt` where it has one (False: the built-in one).
     """
     os.makedirs(out_dir, exist_ok=True)
     if gold_corpus is not None:
         check_supporting_ids(datasets, gold_corpus)
-    similarity = (
-        RetrievalSimilarity(rs_encoder) if rs_encoder is not None and gold_corpus is not None else None
-    )
+    similarity = RetrievalSimilarity(rs_encoder) if rs_encoder is not None else None
     for name, todo in pending(out_dir, datasets).items():
         examples = datasets[name]
         bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name, disable=not progress)
