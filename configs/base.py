@@ -15,6 +15,9 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.total_steps = 1005  # train_grpo.sh: trainer.total_training_steps=1005
+    # > 0: total_steps = total_epochs x (train questions // data.batch_size), as veRL counts them (ray_trainer.py:
+    # len(train_dataloader) x trainer.total_epochs, the loader dropping the last partial batch)
+    c.total_epochs = 0
     c.log_every = 1
     c.eval_every = 100
     c.save_every = 50
@@ -44,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.protocol = dict(name="search_r1", tags="search_r1")  # tags: EKA's tag set (search_r1 | graph_r1)
     c.protocol.data_prompt = True  # search_r1: prompt with a dataset row's own `prompt` (Search-R1 parquet)
-    # In-loop retriever; kind: bm25 | dense | remote. EKA's P0 may come from another one (noisy-P0 ablation).
+    # In-loop retriever; kind: bm25 | dense | remote | hypergraph (index: a launch/build_hypergraph.py dir; with a
+    # synthetic world and no index, the world's own, built with the rule extractor). EKA's P0 may come from another one (noisy-P0 ablation).
     # split_across_hosts: each process of a multi-host run searches 1/N of the queries and the results are
     # all-gathered (retrieval/host_split.py); off, every process searches the whole batch itself
     c.retriever = dict(

@@ -65,7 +65,7 @@ class ProtocolConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RetrieverConfig:
-    kind: str  # bm25 | dense | remote
+    kind: str  # bm25 | dense | remote | hypergraph
     corpus: str | None
     index: str | None
     url: str | None
@@ -203,6 +203,7 @@ class AgentConfig:
 class RunConfig:
     seed: int
     total_steps: int
+    total_epochs: int  # > 0: total_steps is this many passes over data.train (`resolve_total_steps`)
     log_every: int
     eval_every: int
     save_every: int
@@ -283,8 +284,8 @@ _OPTIONAL = {
 # "section.key" -> (allowed values) or a (test, what) pair
 _CHECKS = {
     "tokenizer.kind": ("qwen", "word"),
-    "retriever.kind": ("bm25", "dense", "remote"),
-    "initial_retriever.kind": ("bm25", "dense", "remote"),
+    "retriever.kind": ("bm25", "dense", "remote", "hypergraph"),
+    "initial_retriever.kind": ("bm25", "dense", "remote", "hypergraph"),
     "judge.kind": ("openai", "local", "world"),
     "evidence_model.kind": ("openai", "local", "world"),
     "protocol.tags": ("search_r1", "graph_r1"),
@@ -295,6 +296,7 @@ _CHECKS = {
     "algo.agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "world.size": ("tiny", "small"),
     "total_steps": (lambda v: v >= 0, ">= 0"),
+    "total_epochs": (lambda v: v >= 0, ">= 0"),
     "rollout.max_turns": (lambda v: v >= 0, ">= 0"),
     "data.batch_size": (lambda v: v >= 1, ">= 1"),
     "data.group_size": (lambda v: v >= 1, ">= 1"),

@@ -75,3 +75,18 @@ def test_an_unknown_key_or_wrong_type_names_it():
     tree = _config("base").to_dict()
     tree["optim"]["lr"] = 1  # an int where a float is expected is the float
     assert RunConfig.from_dict(tree).optim.lr == 1.0
+
+
+def test_total_epochs_counts_full_batches_as_verl_does():
+    from configs import base
+    from jaxsearch.rl.trainer import resolve_total_steps
+
+    c = base.get_config()
+    c.data.batch_size = 128
+    assert resolve_total_steps(RunConfig.from_dict(c), 5000).total_steps == 1005  # total_epochs 0: as set
+    c.total_epochs = 3
+    cfg = RunConfig.from_dict(c)
+    assert resolve_total_steps(cfg, 5120).total_steps == 3 * 40
+    assert resolve_total_steps(cfg, 5247).total_steps == 3 * 40  # the partial 41st batch is dropped
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        resolve_total_steps(cfg, 127)

@@ -165,3 +165,45 @@ def test_lr_schedule_steps_once_per_training_step():
         updates, state = opt.update({"w": jnp.ones(3)}, state, params)
         params = optax.apply_updates(params, updates)
     assert float(jnp.abs(params["w"] - 1).max()) > 0.0  # step 1: lr 0.5e-2
+
+
+# Graph-R1 setting: yxzwang/EarlyKnowledgeAlignment run_grpo.sh (EKA's runs of the backbone and of itself, seed 000
+# D.4) and its veRL fork's verl/trainer/config/ppo_trainer.yaml for what the script leaves unset.
+GRAPH_R1 = [
+    ("data.batch_size", 128, "run_grpo.sh data.train_batch_size"),
+    ("data.group_size", 5, "run_grpo.sh rollout.n_repeat"),
+    ("optim.lr", 5e-7, "run_grpo.sh actor.optim.lr"),
+    ("optim.warmup_ratio", 0.0, "ppo_trainer.yaml actor.optim.lr_warmup_steps_ratio"),
+    ("optim.schedule", "constant", "ppo_trainer.yaml actor.optim.warmup_style"),
+    ("algo.mini_batches", 10, "run_grpo.sh ppo_mini_batch_size=64 of 128 x 5 trajectories"),
+    ("algo.kl_coef", 0.001, "run_grpo.sh actor.kl_loss_coef"),
+    ("algo.kl_kind", "low_var_kl", "run_grpo.sh actor.kl_loss_type"),
+    ("algo.entropy_coef", 0.001, "ppo_trainer.yaml actor.entropy_coeff"),
+    ("algo.clip_eps", 0.2, "ppo_trainer.yaml actor.clip_ratio"),
+    ("total_epochs", 3, "run_grpo.sh trainer.total_epochs"),
+    ("eval_every", 10, "run_grpo.sh trainer.test_freq"),
+    ("rollout.max_turns", 10, "ppo_trainer.yaml tool.max_turns"),
+    ("rollout.max_segment_tokens", 4096, "run_grpo.sh data.max_response_length"),
+    ("rollout.max_obs_tokens", 4096, "run_grpo.sh data.max_tool_response_length"),
+    ("rollout.cache_len", 4096, "run_grpo.sh data.max_prompt_length"),
+    ("rollout.temperature", 1.0, "ppo_trainer.yaml rollout.temperature"),
+    ("rollout.top_p", 1.0, "ppo_trainer.yaml rollout.top_p"),
+    ("rollout.retrieval_k", 10, "script_api.py QueryParam(top_k=10)"),
+    ("reward.terms", (("graph_r1", 1.0),), "Graph-R1's reward (rewards.graph_r1_score)"),
+]
+
+
+@pytest.mark.parametrize("name", ["graphr1_7b", "eka_graphr1_7b"])
+@pytest.mark.parametrize("key, value, source", GRAPH_R1, ids=[k for k, _, _ in GRAPH_R1])
+def test_graph_r1_setting(name, key, value, source):
+    cfg = importlib.import_module(f"configs.{name}").get_config()
+    assert _get(cfg, key) == value, f"{name}: {key} should be {value!r} ({source})"
+
+
+def test_eka_in_the_graph_r1_setting_adds_p0_only():
+    from configs import eka_graphr1_7b, graphr1_7b
+
+    eka, backbone = eka_graphr1_7b.get_config(), graphr1_7b.get_config()
+    assert (eka.protocol.name, eka.protocol.tags, eka.rollout.initial_k) == ("eka", "graph_r1", 5)
+    eka.protocol.update(dict(backbone.protocol))
+    assert eka.to_dict() == backbone.to_dict()  # nothing else differs (appendix D.4)

@@ -48,9 +48,26 @@ def eval_sets(d) -> dict:
     }
 
 
+def resolve_total_steps(cfg: RunConfig, train_examples: int) -> RunConfig:
+    """cfg with total_steps = total_epochs x (train_examples // batch_size) when total_epochs > 0 (veRL's
+    count: its loader drops the last partial batch), else unchanged."""
+    if not cfg.total_epochs:
+        return cfg
+    per_epoch = train_examples // cfg.data.batch_size
+    if per_epoch == 0:
+        raise ValueError(
+            f"data.train has {train_examples} questions, fewer than one batch of data.batch_size="
+            f"{cfg.data.batch_size}: total_epochs={cfg.total_epochs} makes no step"
+        )
+    return cfg.replace(total_steps=cfg.total_epochs * per_epoch)
+
+
 def train(cfg, workdir: str, progress: bool = True) -> dict:
     """Run (or resume) GRPO / PPO training; returns the last step's metrics."""
     cfg = RunConfig.from_dict(cfg)
+    d = cfg.data
+    train_examples = qa.load_examples(d.train)
+    cfg = resolve_total_steps(cfg, len(train_examples))
     # --- setup: the policy on the mesh, the agent, the rewards, the algorithm and its state
     os.makedirs(workdir, exist_ok=True)
     mesh = parallel.make_mesh(dict(cfg.mesh))
@@ -71,8 +88,7 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
         return heldout_metrics(eval_engine, decode_params(), held_out, key, judge, cfg.protocol.data_prompt)
 
     # --- resume: state and data position from the last checkpoint, metrics after it forgotten
-    d = cfg.data
-    iterator = qa.QAIterator(qa.load_examples(d.train), d.batch_size, d.group_size, cfg.seed, d.shuffle)
+    iterator = qa.QAIterator(train_examples, d.batch_size, d.group_size, cfg.seed, d.shuffle)
     ckpt = checkpoint.TrainCheckpointer(workdir, save_every=cfg.save_every, max_to_keep=cfg.keep_checkpoints)
     start = 0
     restored = ckpt.restore_latest(state)
