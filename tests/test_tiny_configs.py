@@ -41,8 +41,9 @@ def world():
     return generate_world(world_config("tiny", seed=0))
 
 
+# tiny_cpu itself runs in tests/test_notebooks.py and tests/test_trainer.py
 @pytest.mark.parametrize(
-    "name", ["tiny_cpu", "tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch", "tiny_cpu_ppo"]
+    "name", ["tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch", "tiny_cpu_ppo", "tiny_cpu_eka_graphr1"]
 )
 def test_tiny_config_runs_a_shortened_main_job(name, tmp_path):
     workdir = str(tmp_path / name)
@@ -80,6 +81,11 @@ def test_tiny_config_runs_a_shortened_main_job(name, tmp_path):
     # the held-out set is dev then test (4 questions here); RL trains on the questions SFT did not see
     held_out = qa.load_examples(os.path.join(workdir, "world", "dev+test.jsonl"))
     assert [e.id for e in held_out[:2]] == ["dev_0", "dev_1"] and held_out[50].id == "test_0"
+    if name.endswith("graphr1"):  # the world's hypergraph was built, and the RL stage searched it
+        hypergraph = os.path.join(workdir, "world", "hypergraph")
+        assert os.path.exists(os.path.join(hypergraph, "meta.json"))
+        ran = json.load(open(os.path.join(workdir, "config.json")))
+        assert (ran["retriever"]["kind"], ran["retriever"]["index"]) == ("hypergraph", hypergraph)
 
 
 def test_early_stop_trace_answers_with_the_first_hop(world):

@@ -41,15 +41,21 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
     agent.add_argument("--slots", type=int, default=0, help="slots: decode slots (0: one per row)")
     agent.add_argument("--steps-per-call", type=int, default=16, help="slots: decode steps per device call")
     retrieval = p.add_argument_group("retrieval")
-    retrieval.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote"])
+    retrieval.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote", "hypergraph"])
     retrieval.add_argument(
         "--corpus", default="", help="corpus JSONL (bm25 / dense; eval.py with remote: gold passages for R-S)"
     )
     retrieval.add_argument(
-        "--index", default="", help="index dir from build_index.py (default: index in RAM)"
+        "--index", default="", help="index dir from build_index.py (default: index in RAM), or hypergraph: the "
+        "dir from build_hypergraph.py"
     )
     retrieval.add_argument("--url", default="", help="remote: the /retrieve endpoint")
-    retrieval.add_argument("--encoder", default="e5", help="dense: query encoder (e5 | bge | minilm | model)")
+    retrieval.add_argument(
+        "--encoder",
+        default="",
+        help="dense: query encoder (e5 | bge | minilm | model; default e5); hypergraph: default the one it was "
+        "built with",
+    )
     retrieval.add_argument(
         "--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)"
     )
@@ -85,9 +91,8 @@ def agent_config(args):
     tokenizer = (
         TokenizerConfig("qwen", None) if args.tokenizer == "qwen" else TokenizerConfig("word", args.tokenizer)
     )
-    retriever = RetrieverConfig(
-        args.retriever, args.corpus or None, args.index or None, args.url or None, args.encoder
-    )
+    encoder = args.encoder or ("e5" if args.retriever == "dense" else None)
+    retriever = RetrieverConfig(args.retriever, args.corpus or None, args.index or None, args.url or None, encoder)
     initial = None
     if args.initial_corpus:  # EKA's noisy-P0 ablation: P0 from another corpus, by BM25
         initial = RetrieverConfig("bm25", args.initial_corpus, args.initial_index or None, None, None)

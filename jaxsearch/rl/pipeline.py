@@ -1,6 +1,7 @@
 """The stages behind `launch/train.py`: an optional synthetic world, an optional SFT warm start, then RL.
 
     WORKDIR/world/   corpus.jsonl, train/dev/test.jsonl, tokenizer.json   (config.world.size set)
+    WORKDIR/world/hypergraph/   the world's knowledge hypergraph          (and retriever.kind hypergraph)
     WORKDIR/sft/     metrics.jsonl, params/ (orbax)                       (config.sft.steps > 0)
     WORKDIR/grpo/    metrics.jsonl, checkpoints/, tb/, params/            (GRPO; PPO runs write WORKDIR/ppo/)
     WORKDIR/config.json  the config as the RL stage runs it (`config.RunConfig`, paths resolved); a rerun
@@ -52,13 +53,36 @@ def prepare_world(cfg: RunConfig, workdir: str) -> RunConfig:
     model = cfg.model
     if model.vocab_size is None and model.hidden_size is not None:  # the world tokenizer's vocabulary
         model = replace(model, vocab_size=load_tokenizer(tokenizer).vocab_size)
+    retriever = replace(cfg.retriever, corpus=corpus)
+    if retriever.kind == "hypergraph" and retriever.index is None:
+        retriever = replace(retriever, index=world_hypergraph(world_dir, retriever.encoder or "minilm"))
     return cfg.replace(
         data=data,
-        retriever=replace(cfg.retriever, corpus=corpus),
+        retriever=retriever,
         initial_retriever=initial,
         tokenizer=tokenizer,
         model=model,
     )
+
+
+def world_hypergraph(world_dir: str, encoder: str) -> str:
+    """`WORKDIR/world/hypergraph`: the world's knowledge hypergraph (Graph-R1's construction with the rule
+    extractor: each fact sentence a hyper-relation of its subject and object), built once."""
+    from jaxsearch.retrieval import hypergraph_build
+    from jaxsearch.retrieval.encoders import Encoder
+    from jaxsearch.retrieval.hypergraph import META_FILE, hypergraph_encoder_spec
+    from jaxsearch.retrieval.hypergraph_extract import WorldExtractor
+
+    out = os.path.join(world_dir, "hypergraph")
+    if not os.path.exists(os.path.join(out, META_FILE)):
+        hypergraph_build.build_hypergraph(
+            os.path.join(world_dir, "corpus.jsonl"),
+            out,
+            WorldExtractor.from_dir(world_dir),
+            Encoder(hypergraph_encoder_spec(encoder)),
+            progress=False,
+        )
+    return out
 
 
 def rl_train_file(world_dir: str, sft_questions: int) -> str:
