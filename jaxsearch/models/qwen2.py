@@ -357,7 +357,10 @@ class Attention(nn.Module):
         v = _constrain(kv[:, :, 1], ("batch", "length", "kv_heads", "head_dim"))
         k_all, v_all, new_kv = kv_write(k, v)
         out = attend(q, k_all, v_all, mask, cfg.attention_chunk)
-        return jnp.einsum("bthd,hde->bte", out, wo.astype(dt)), new_kv
+        # one [B*T, H*D] x [H*D, E] matmul: contracting (h, d) as two axes made XLA:CPU transpose the
+        # weight on every decode step
+        b, t = out.shape[:2]
+        return out.reshape(b, t, h * d) @ wo.astype(dt).reshape(h * d, e), new_kv
 
 
 class MLP(nn.Module):
