@@ -13,18 +13,20 @@ LHRLAB/Graph-R1's own `run_grpo.sh` differs in the hardware only where it matter
     python launch/serve_retriever.py --retriever hypergraph --index indexes/hypergraph/2WikiMultiHopQA --port 8001
     python launch/train.py --config configs/graphr1_7b.py --config.model.hf_path=/ckpt/Qwen2.5-7B-Instruct
 
-Another dataset: --config.data.train=datasets/HotpotQA/raw/qa_train.json --config.data.eval.graph=... and its
-own hypergraph server.
+Another dataset: `--config configs/graphr1_7b.py:HotpotQA` (its qa files, its own hypergraph server).
 """
 
 import ml_collections
 
 from configs import search_r1_7b
 
-DATASET = "2WikiMultiHopQA"  # Graph-R1's six: 2WikiMultiHopQA HotpotQA Musique NQ PopQA TriviaQA
+DATASETS = ("2WikiMultiHopQA", "HotpotQA", "Musique", "NQ", "PopQA", "TriviaQA")  # Graph-R1's six
 
 
-def get_config():
+def get_config(dataset: str = "2WikiMultiHopQA"):
+    """dataset: one of DATASETS (trained and evaluated one at a time, as Graph-R1 and EKA do)."""
+    if dataset not in DATASETS:
+        raise ValueError(f"configs/graphr1_7b.py:{dataset}: expected one of {', '.join(DATASETS)}")
     c = search_r1_7b.get_config()  # the 7B memory plan: scanned layers, replicated decode copy
     c.model.hf_path = "checkpoints/Qwen2.5-7B-Instruct"
     c.protocol.update(dict(name="graph_r1", tags="graph_r1"))
@@ -32,8 +34,8 @@ def get_config():
     c.retriever.update(dict(kind="remote", url="http://127.0.0.1:8001/retrieve", encoder=""))
     # Graph-R1's layout (script_process.py: datasets/NAME/raw/qa_{train,dev,test}.json); validation on the test
     # split (run_grpo.sh: data.val_files=.../test.parquet), all of it (veRL validates the whole file)
-    c.data.train = f"datasets/{DATASET}/raw/qa_train.json"
-    c.data.eval = ml_collections.ConfigDict({DATASET: f"datasets/{DATASET}/raw/qa_test.json"})
+    c.data.train = f"datasets/{dataset}/raw/qa_train.json"
+    c.data.eval = ml_collections.ConfigDict({dataset: f"datasets/{dataset}/raw/qa_test.json"})
     c.data.eval_examples = 0
     c.data.batch_size = 128  # run_grpo.sh: data.train_batch_size=128
     c.data.group_size = 5  # run_grpo.sh: actor_rollout_ref.rollout.n_repeat=5

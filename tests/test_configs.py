@@ -207,3 +207,13 @@ def test_eka_in_the_graph_r1_setting_adds_p0_only():
     assert (eka.protocol.name, eka.protocol.tags, eka.rollout.initial_k) == ("eka", "graph_r1", 5)
     eka.protocol.update(dict(backbone.protocol))
     assert eka.to_dict() == backbone.to_dict()  # nothing else differs (appendix D.4)
+
+
+def test_graph_r1_configs_take_the_dataset():
+    from configs import eka_graphr1_7b
+
+    c = eka_graphr1_7b.get_config("HotpotQA")  # `--config configs/eka_graphr1_7b.py:HotpotQA`
+    assert c.data.train == "datasets/HotpotQA/raw/qa_train.json"  # Graph-R1's layout (script_process.py)
+    assert dict(c.data.eval) == {"HotpotQA": "datasets/HotpotQA/raw/qa_test.json"}
+    with pytest.raises(ValueError, match="expected one of 2WikiMultiHopQA, HotpotQA"):
+        eka_graphr1_7b.get_config("hotpot")
