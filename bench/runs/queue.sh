@@ -1,12 +1,16 @@
 #!/bin/bash
-# Runs the tiny-world variants over seeds 0-2 with the code of commit $REV (a worktree at $SRC), workdirs under
-# $OUT, and copies each finished run's records into this directory; a run whose records are here is skipped.
-#   REV=a55b3ca SRC=/tmp/b17/src OUT=/tmp/b17 nohup bench/runs/queue.sh > /tmp/queue.out 2>&1 &
+# Runs the tiny-world variants over seeds 0-2, each set with the code of its commit (a worktree per commit under
+# $OUT), workdirs under $OUT, and copies each finished run's records into this directory; a run whose records
+# are here is skipped, so a new machine continues where the last one stopped:
+#   OUT=/tmp/b17 nohup bench/runs/queue.sh > /tmp/queue.out 2>&1 &
 set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
-REV=${REV:-a55b3ca}; SRC=${SRC:-/tmp/b17/src}; OUT=${OUT:-/tmp/b17}
-[ -d "$SRC" ] || git -C "$RECORDS/../.." worktree add -q "$SRC" "$REV"
-cd "$SRC"
+OUT=${OUT:-/tmp/b17}
+PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
+GRAPH_REV=2f469a4   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures
+worktree() {  # REV DIR
+  [ -d "$2" ] || git -C "$RECORDS/../.." worktree add -q "$2" "$1"
+}
 save() {  # OUTNAME CFGNAME SEED
   local src=$OUT/$1/$2/seed$3 dst=$RECORDS/$1/$2/seed$3
   mkdir -p "$dst"
@@ -15,19 +19,26 @@ save() {  # OUTNAME CFGNAME SEED
   done
   cp "$src/wall_s.json" "$src/config.json" "$dst/" 2>/dev/null
 }
-one() {  # OUTNAME CONFIG SEED [-- overrides]
-  local out=$1 cfg=$2 seed=$3; shift 3
+one() {  # SRC OUTNAME CONFIG SEED [-- overrides]
+  local src=$1 out=$2 cfg=$3 seed=$4; shift 4
   local name; name=$(basename "$cfg" .py)
   [ -f "$RECORDS/$out/$name/seed$seed/wall_s.json" ] && return
   echo "$(date +%T) start $out $name seed$seed" >> "$OUT/queue.log"
-  python bench/tiny_world.py --configs "$cfg" --seeds "$seed" --out "$OUT/$out" "$@" > "$OUT/log.$out.$name.$seed" 2>&1
+  (cd "$src" && python bench/tiny_world.py --configs "$cfg" --seeds "$seed" --out "$OUT/$out" "$@") \
+    > "$OUT/log.$out.$name.$seed" 2>&1
   echo "$(date +%T) end rc=$? $out $name seed$seed" >> "$OUT/queue.log"
   save "$out" "$name" "$seed"
 }
 mkdir -p "$OUT"
-for cfg in tiny_cpu tiny_cpu_eka; do for seed in 0 1 2; do one papers_settings configs/$cfg.py $seed; done; done
-for seed in 0 1 2; do one papers_settings_p0 configs/tiny_cpu_eka.py $seed -- --config.sft.use_p0=True; done
+PAPERS=$OUT/src GRAPH=$OUT/src_$GRAPH_REV
+worktree $PAPERS_REV "$PAPERS"
+worktree $GRAPH_REV "$GRAPH"
+for cfg in tiny_cpu tiny_cpu_eka; do for seed in 0 1 2; do one "$PAPERS" papers_settings configs/$cfg.py $seed; done; done
+for seed in 0 1 2; do one "$PAPERS" papers_settings_p0 configs/tiny_cpu_eka.py $seed -- --config.sft.use_p0=True; done
 for cfg in tiny_cpu_rsearch tiny_cpu_ppo tiny_cpu_soar; do
-  for seed in 0 1 2; do one papers_settings configs/$cfg.py $seed; done
+  for seed in 0 1 2; do one "$PAPERS" papers_settings configs/$cfg.py $seed; done
+done
+for cfg in tiny_cpu_graphr1 tiny_cpu_eka_graphr1; do
+  for seed in 0 1 2; do one "$GRAPH" graph_r1 configs/$cfg.py $seed; done
 done
 echo "$(date +%T) all done" >> "$OUT/queue.log"
