@@ -5,3 +5,42 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+import socket
+import threading
+import time
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def in_process_server():
+    """Run `retrieval.server.create_app(retriever, "test", **options)` with uvicorn in a thread; yields a function
+    (retriever, **options) -> its base url. The servers stop after the test."""
+    import uvicorn
+
+    from jaxsearch.retrieval.server import create_app
+
+    servers = []
+
+    def serve(retriever, **options):
+        port = _free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(retriever, "test", **options), port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run)
+        thread.start()
+        servers.append((server, thread))
+        while not server.started:
+            time.sleep(0.01)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join()

@@ -13,7 +13,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 
 from jaxsearch.data.world.generator import generate_world, world_config
 from jaxsearch.retrieval import make_retriever
@@ -33,11 +32,10 @@ from jaxsearch.retrieval.hypergraph_extract import (
     WorldExtractor,
     parse_records,
 )
-from jaxsearch.retrieval.server import create_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "launch"))
-import build_hypergraph as build_cli  # noqa: E402
+import build_hypergraph as build_cli
 
 E = EntityMention
 
@@ -219,27 +217,6 @@ def test_fuse_counts_every_occurrence_and_keeps_first_seen_on_ties():
 # ------------------------------------------------------------------- Graph-R1's /search as its clients read it
 
 
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(retriever, **options):
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(retriever, "hypergraph", **options), port=port,
-                                               log_level="warning"))
-        thread = threading.Thread(target=server.run)
-        thread.start()
-        servers.append((server, thread))
-        while not server.started:
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join()
-
-
 def graph_r1_agent_search(url, queries):
     """What Graph-R1's SearchTool.batch_execute does: POST {"queries": [...]} to /search, `.json()` the reply;
     each item is the tool's result string, shown to the model verbatim and checked with `"results" in result`."""
@@ -256,9 +233,9 @@ def eka_top_knowledge(result_string, top_n):
     return [i["knowledge"] for i in sorted(items, key=lambda i: i["coherence"], reverse=True)[:top_n]]
 
 
-def test_graph_r1_search_endpoint(small_graph, serve):
+def test_graph_r1_search_endpoint(small_graph, in_process_server):
     retriever = HypergraphRetriever.load(small_graph[0], encoder=StubEncoder(), progress=False)
-    url = serve(retriever, search_topk=10)
+    url = in_process_server(retriever, search_topk=10)
     results = graph_r1_agent_search(url, ["q", "q"])
     want = [{"<knowledge>": name, "<coherence>": round(score, 3)} for name, score in EXPECTED]
     assert json.loads(results[0]) == {"results": want}

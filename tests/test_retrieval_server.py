@@ -12,11 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import uvicorn
 
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.client import RemoteRetriever, RetrieverUnavailable, parse_response
-from jaxsearch.retrieval.server import create_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "corpus", "corpus.jsonl")
@@ -145,7 +143,7 @@ def test_search_r1_coercions(server, fields, coerced):
 
 
 def test_requests_search_r1_accepts(server):
-    post = lambda body: httpx.post(server + "/retrieve", json=body, timeout=120)  # noqa: E731
+    post = lambda body: httpx.post(server + "/retrieve", json=body, timeout=120)
     # Search-R1's client on a turn where no row searches
     assert post({"queries": [], "topk": 3, "return_scores": True}).json() == {"result": []}
     assert post({"queries": ["a", "b"], "topk": 0}).json() == {"result": [[], []]}
@@ -266,28 +264,6 @@ class FlakyRetriever:
         if len(self.calls) <= self.failures:
             raise RuntimeError("index shard unavailable")
         return [[Doc(q, "t", f"rank {r}", float(-r)) for r in range(k)] for q in queries]
-
-
-@pytest.fixture
-def in_process_server():
-    """Run `create_app(retriever)` with uvicorn in a thread; yields a function retriever -> url."""
-    servers = []
-
-    def serve(retriever, **options):
-        port = free_port()
-        app = create_app(retriever, "fake", **options)
-        server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run)
-        thread.start()
-        servers.append((server, thread))
-        while not server.started:
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{port}"
-
-    yield serve
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join()
 
 
 def test_concurrent_requests_are_batched_into_one_search(in_process_server):
