@@ -268,6 +268,21 @@ def test_gold_passages_prefer_the_rows_own_context():
     assert ev.gold_passages(flashrag) == [] and ev.gold_passages(qa.QAExample("c", "q", ["x"]), Corpus()) == []
 
 
+def test_retrieved_texts_follow_the_setting():
+    from jaxsearch.agent.protocols import get_protocol
+    from jaxsearch.retrieval.base import Doc
+
+    a, b = Doc("a", "", "Fact A.", 2.0, raw_contents="Fact A."), Doc("b", "", "Fact B.", 0.5, raw_contents="Fact B.")
+    # Graph-R1 (EKA rsim.py): every <knowledge> block's text, in order, repeats kept
+    assert ev.retrieved_texts(get_protocol("eka", tags="graph_r1"), [a, b], [[b], [b]]) == [
+        "Fact A.\nFact B.",
+        '{"results": [{"<knowledge>": "Fact B.", "<coherence>": 0.5}]}',
+        '{"results": [{"<knowledge>": "Fact B.", "<coherence>": 0.5}]}',
+    ]
+    # elsewhere: each distinct passage once
+    assert ev.retrieved_texts(get_protocol("eka"), [a, b], [[b], [b]]) == ["Fact A.", "Fact B."]
+
+
 def test_summarize_hand_case():
     def record(em, rs, fab, entropy, seg, mask, prediction="x"):
         metrics = dict(em=em, f1=em, sub_em=em, recall=1.0, rs=rs, fabrication=fab)

@@ -30,7 +30,7 @@ Metrics per example (`record["metrics"]`):
                     retrieved: any search's top-k, and EKA's P0 unless include_initial=False
     rs              R-S (`retrieval_similarity`): the gold passages (a Graph-R1 row's `context`, else its
                     `supporting_ids` looked up in `gold_corpus`) against every distinct retrieved passage (P0 as
-                    for recall); None without gold passages or without rs_encoder; 0.0 without retrieved
+                    for recall; Graph-R1 protocols: the text of every `<knowledge>` block, `retrieved_texts`); None without gold passages or without rs_encoder; 0.0 without retrieved
                     passages
     fabrication     SOAR's judge (`judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
                     or no judge
@@ -55,12 +55,13 @@ from tqdm import tqdm
 
 from jaxsearch.agent import segments
 from jaxsearch.agent.engine import AgentEngine
+from jaxsearch.agent.protocols import GraphR1Protocol
 from jaxsearch.data import qa
 from jaxsearch.data.qa import QAExample
 from jaxsearch.eval import metrics as qa_metrics
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
 from jaxsearch.files import atomic_write_text
-from jaxsearch.retrieval.base import Doc
+from jaxsearch.retrieval.base import Doc, graph_r1_result_string
 from jaxsearch.retrieval.metrics import recall_at_k
 from jaxsearch.rl import rewards as rewards_lib
 
@@ -177,7 +178,7 @@ def run_batch(
         p0 = traj.initial_docs[i] if include_initial else []
         lists = ([p0] if p0 else []) + traj.docs[i]
         recall = max([recall_at_k(docs, ex.golden_answers, len(docs)) for docs in lists], default=0.0)
-        retrieved.append(_unique_contents(lists))
+        retrieved.append(retrieved_texts(engine.protocol, p0, traj.docs[i]))
         gold.append(gold_passages(ex, gold_corpus))
         prediction = traj.answers[i]
         length = int(traj.attention_mask[i].sum())
@@ -223,6 +224,15 @@ def gold_passages(example: QAExample, gold_corpus=None) -> list[str]:
     if gold_corpus is None:
         return []
     return [gold_corpus.get(d).contents for d in example.supporting_ids or ()]
+
+
+def retrieved_texts(protocol, p0: list[Doc], searches: list[list[Doc]]) -> list[str]:
+    """R-S's retrieved side. In the Graph-R1 setting as EKA scores it (evaluation/rsim.py): the text of each
+    `<knowledge>` block the episode holds, in order: P0's knowledge lines, then each search's reply string.
+    Otherwise every distinct passage of P0 and the searches."""
+    if isinstance(protocol, GraphR1Protocol):
+        return (["\n".join(d.contents for d in p0)] if p0 else []) + [graph_r1_result_string(d) for d in searches]
+    return _unique_contents(([p0] if p0 else []) + searches)
 
 
 def _unique_contents(doc_lists: list[list[Doc]]) -> list[str]:
