@@ -7,7 +7,8 @@ set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
 PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
-GRAPH_REV=2f469a4   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures
+GRAPH_REV=2f469a4   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures; engine/: the main job with
+#                     issue 17's engine (decode slots, the CPU decode attention) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
   [ -d "$2" ] || git -C "$RECORDS/../.." worktree add -q "$2" "$1"
 }
@@ -41,4 +42,5 @@ done
 for cfg in tiny_cpu_graphr1 tiny_cpu_eka_graphr1; do
   for seed in 0 1 2; do one "$GRAPH" graph_r1 configs/$cfg.py $seed; done
 done
+for seed in 0 1 2; do one "$GRAPH" engine configs/tiny_cpu.py $seed; done
 echo "$(date +%T) all done" >> "$OUT/queue.log"
