@@ -523,3 +523,29 @@ def test_eval_subset():
     )
     with pytest.raises(ValueError, match="eval sample 'all'"):
         qa.eval_subset(examples, 4, "all")
+
+
+def test_heldout_recall_counts_a_hyperedge_as_its_source_passages():
+    from types import SimpleNamespace
+
+    from jaxsearch.eval.heldout import trajectory_stats
+    from jaxsearch.retrieval.base import Doc
+
+    passage = Doc("p1", "t", "x")
+    hyperedge = Doc("17", "", "fact", 1.0, "fact", sources=("p2", "p3"))
+    n, t = 2, 4
+    traj = SimpleNamespace(
+        answers=["a", None],
+        attention_mask=np.ones((n, t), int),
+        prompt_lengths=np.full(n, 2),
+        loss_mask=np.ones((n, t), int),
+        turns=np.array([1, 1]),
+        searches=np.array([1, 1]),
+        truncated=np.zeros(n, bool),
+        entropy=np.zeros((n, t)),
+        segment_ids=np.zeros((n, t), int),
+        docs=[[[passage, hyperedge]], [[hyperedge]]],
+    )
+    examples = [qa.QAExample("a", "q", ["a"], ["p1", "p2"]), qa.QAExample("b", "q", ["b"], ["p3", "p4"])]
+    # row 0 found p1 (itself) and p2 (through the hyperedge): 2/2; row 1 found p3 of p3, p4: 1/2
+    assert trajectory_stats(traj, examples)["recall"] == pytest.approx((1.0 + 0.5) / 2)

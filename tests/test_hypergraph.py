@@ -204,6 +204,8 @@ def test_retrieval_matches_hand_computed_fusion(small_graph):
     assert [d.contents for d in docs] == [name for name, _ in EXPECTED]
     np.testing.assert_allclose([d.score for d in docs], [score for _, score in EXPECTED], rtol=1e-12)
     assert [d.id for d in docs] == ["0", "2", "5", "1", "3", "4"]
+    # each hyperedge stands for the passages it was extracted from (its chunks' documents, once each)
+    assert [d.passage_ids for d in docs] == [("d0", "d1"), ("d1",), ("d2",), ("d0",), ("d2",), ("d2",)]
     assert [d.contents for d in retriever.search(["q", "q"], 3)[1]] == ["H0", "H2", "H5"]
     assert retriever.search([], 10) == [] and retriever.search(["q"], 0) == [[]]
 

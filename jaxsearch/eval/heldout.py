@@ -37,9 +37,9 @@ def trajectory_stats(traj: Trajectories, examples) -> dict:
         "truncated_ratio": float(traj.truncated.mean()),
         "entropy": float((traj.entropy * traj.loss_mask).sum() / max(traj.loss_mask.sum(), 1)),
     }
-    gold = [
-        (set(ex.supporting_ids or ()), {d for ids in found for d in ids})
-        for ex, found in zip(examples, traj.doc_ids)
+    gold = [  # a derived doc (a hyperedge) stands for the passages it came from
+        (set(ex.supporting_ids or ()), {p for docs in row for d in docs for p in d.passage_ids})
+        for ex, row in zip(examples, traj.docs)
     ]
     if any(g for g, _ in gold):  # retrieval recall: share of the supporting passages a search returned
         stats["recall"] = float(np.mean([len(g & found) / len(g) for g, found in gold if g]))

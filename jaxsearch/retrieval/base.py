@@ -11,13 +11,20 @@ from typing import Protocol
 @dataclasses.dataclass(frozen=True)
 class Doc:
     """One retrieved passage. `score` is the retriever's relevance (higher is better; 0.0 when unscored).
-    `raw_contents`: the `contents` string exactly as the corpus or server gave it (None: built from title/text)."""
+    `raw_contents`: the `contents` string exactly as the corpus or server gave it (None: built from title/text).
+    `sources`: for a document derived from passages (a hypergraph's hyperedge), the ids of those passages."""
 
     id: str
     title: str
     text: str
     score: float = 0.0
     raw_contents: str | None = None
+    sources: tuple[str, ...] = ()
+
+    @property
+    def passage_ids(self) -> tuple[str, ...]:
+        """The corpus passages this document stands for: its sources, else itself."""
+        return self.sources or (self.id,)
 
     @property
     def contents(self) -> str:

@@ -131,7 +131,8 @@ def fuse(entity_route: Sequence[int], hyperedge_route: Sequence[int], k: int) ->
 
 class HypergraphRetriever:
     """`search(queries, k)`: Graph-R1's hypergraph retrieval; each Doc is a hyperedge (id = row, `contents` =
-    its knowledge text), scored by the fused rank score. `corpus` reads the hyperedges' texts by row."""
+    its knowledge text, `sources` = the passages it came from), scored by the fused rank score. `corpus` reads
+    the hyperedges' texts by row."""
 
     default_k = TOP_K
 
@@ -153,6 +154,7 @@ class HypergraphRetriever:
         self.entity_index = to_gpu(entity_index) if use_gpu else entity_index
         self.hyperedge_index = to_gpu(hyperedge_index) if use_gpu else hyperedge_index
         self.top_entities, self.top_hyperedges = top_entities, top_hyperedges
+        self.sources: list[tuple[str, ...]] = []  # per hyperedge, its passages' ids (`load` reads them)
 
     @classmethod
     def load(cls, path: str | os.PathLike, encoder: str | EncoderSpec | dict | Encoder | None = None,
@@ -169,7 +171,9 @@ class HypergraphRetriever:
         incidence = Incidence.load(os.path.join(path, INCIDENCE_FILE))
         entity_index = faiss.read_index(os.path.join(path, ENTITY_INDEX))
         hyperedge_index = faiss.read_index(os.path.join(path, HYPEREDGE_INDEX))
-        return cls(corpus, incidence, entity_index, hyperedge_index, encoder, **kwargs)
+        retriever = cls(corpus, incidence, entity_index, hyperedge_index, encoder, **kwargs)
+        retriever.sources = read_sources(os.path.join(path, HYPEREDGES_FILE))
+        return retriever
 
     def search(self, queries: list[str], k: int = TOP_K) -> list[list[Doc]]:
         if not queries:
@@ -196,7 +200,14 @@ class HypergraphRetriever:
 
     def _doc(self, row: int, score: float) -> Doc:
         contents = self.corpus[row].contents
-        return Doc(str(row), "", contents, float(score), contents)
+        return Doc(str(row), "", contents, float(score), contents, self.sources[row] if self.sources else ())
+
+
+def read_sources(hyperedges_path: str) -> list[tuple[str, ...]]:
+    """Per hyperedge row, the ids of the passages it was extracted from: its `sources` chunk ids
+    ("<doc id>#<n>") without the chunk number, in order, each once."""
+    with open(hyperedges_path, encoding="utf-8") as f:
+        return [tuple(dict.fromkeys(c.rpartition("#")[0] for c in json.loads(line).get("sources", ()))) for line in f]
 
 
 def read_meta(path: str) -> dict:
