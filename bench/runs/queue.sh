@@ -7,7 +7,7 @@ set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
 PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
-GRAPH_REV=2f469a4   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures; engine/: the main job with
+GRAPH_REV=21f7e9a   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures; engine/: the main job with
 #                     issue 17's engine (decode slots, the CPU decode attention) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
   [ -d "$2" ] || git -C "$RECORDS/../.." worktree add -q "$2" "$1"
