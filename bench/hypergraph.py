@@ -73,7 +73,7 @@ def stored_memory(path: str, retriever: HypergraphRetriever) -> dict:
     disk = {name: os.path.getsize(os.path.join(path, name)) for name in sorted(os.listdir(path))}
     d = retriever.encoder.dim
     ram = {"faiss": 4 * d * (retriever.entity_index.ntotal + retriever.hyperedge_index.ntotal),
-           "incidence": retriever.incidence.nbytes, "text offsets": 8 * (len(retriever.corpus) + 1)}
+           "incidence": retriever.incidence.nbytes, "text offsets": 8 * (len(retriever.hyperedges) + 1)}
     return {"disk": disk, "ram": ram}
 
 
@@ -152,7 +152,7 @@ def part_scaled(tmp: str, chunks: int) -> dict:
 
     minilm = Encoder("minilm")
     rng = np.random.default_rng(0)
-    texts = [retriever.corpus[int(r)].contents for r in rng.choice(len(retriever.corpus), 1024, replace=False)]
+    texts = [retriever.hyperedges[int(r)].contents for r in rng.choice(len(retriever.hyperedges), 1024, replace=False)]
     minilm.encode_passages(texts[:64])
     start = time.perf_counter()
     minilm.encode_passages(texts)

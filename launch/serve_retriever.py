@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     except (CorpusError, ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    num_docs = len(retriever.corpus)
+    # what a search returns from: the passages, or the hypergraph's hyperedges
+    num_docs = len(retriever.hyperedges if args.retriever == "hypergraph" else retriever.corpus)
     app = create_app(retriever, args.retriever, num_docs=num_docs, default_topk=args.default_topk,
                      max_topk=args.max_topk or None, max_batch=args.max_batch,
                      search_topk=args.search_topk if args.retriever == "hypergraph" else None)

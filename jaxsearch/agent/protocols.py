@@ -327,8 +327,7 @@ class EkaGraphR1Protocol(GraphR1Protocol):
     uses_initial_knowledge = True
 
     def initial_block(self, docs: list[Doc]) -> str:
-        """script_process.py: the P0 texts joined by newlines inside `<knowledge>`."""
-        return "<knowledge>\n" + "\n".join(d.contents for d in docs) + "\n</knowledge>"
+        return "<knowledge>\n" + knowledge_lines(docs) + "\n</knowledge>"
 
 
 @register_protocol("eka")
@@ -476,6 +475,11 @@ def initial_docs(questions: Sequence[str], retriever: Retriever, k: int) -> list
     if len(results) != len(questions):
         raise ValueError(f"retriever returned {len(results)} results for {len(questions)} questions")
     return [docs[:k] for docs in results]
+
+
+def knowledge_lines(docs: Sequence[Doc]) -> str:
+    """EKA's P0 in the Graph-R1 setting: the knowledge texts one per line (script_process.py)."""
+    return "\n".join(d.contents for d in docs)
 
 
 def knowledge_block(docs: list[Doc]) -> str:

@@ -30,8 +30,8 @@ Metrics per example (`record["metrics"]`):
                     retrieved: any search's top-k, and EKA's P0 unless include_initial=False
     rs              R-S (`retrieval_similarity`): the gold passages (a Graph-R1 row's `context`, else its
                     `supporting_ids` looked up in `gold_corpus`) against every distinct retrieved passage (P0 as
-                    for recall; Graph-R1 protocols: the text of every `<knowledge>` block, `retrieved_texts`); None without gold passages or without rs_encoder; 0.0 without retrieved
-                    passages
+                    for recall; Graph-R1 protocols: the text of every `<knowledge>` block, `retrieved_texts`);
+                    None without gold passages or without rs_encoder; 0.0 without retrieved passages
     fabrication     SOAR's judge (`judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
                     or no judge
 
@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from jaxsearch.agent import segments
 from jaxsearch.agent.engine import AgentEngine
-from jaxsearch.agent.protocols import GraphR1Protocol
+from jaxsearch.agent.protocols import GraphR1Protocol, knowledge_lines
 from jaxsearch.data import qa
 from jaxsearch.data.qa import QAExample
 from jaxsearch.eval import metrics as qa_metrics
@@ -231,7 +231,7 @@ def retrieved_texts(protocol, p0: list[Doc], searches: list[list[Doc]]) -> list[
     `<knowledge>` block the episode holds, in order: P0's knowledge lines, then each search's reply string.
     Otherwise every distinct passage of P0 and the searches."""
     if isinstance(protocol, GraphR1Protocol):
-        return (["\n".join(d.contents for d in p0)] if p0 else []) + [graph_r1_result_string(d) for d in searches]
+        return ([knowledge_lines(p0)] if p0 else []) + [graph_r1_result_string(docs) for docs in searches]
     return _unique_contents(([p0] if p0 else []) + searches)
 
 
@@ -263,8 +263,9 @@ def evaluate(
 
     A batch is rolled out with key fold_in(key(seed), i), i the dataset index of its first example (greedy decoding
     does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S; not needed for rows
-    with their own `context`); rs_encoder: the R-S sentence encoder (None: no R-S); include_initial: count EKA's P0 in recall and R-S; use_data_prompt:
-    the search_r1 protocol prompts with a dataset's own `prompt` where it has one (False: the built-in one).
+    with their own `context`); rs_encoder: the R-S sentence encoder (None: no R-S); include_initial: count EKA's
+    P0 in recall and R-S; use_data_prompt: the search_r1 protocol prompts with a dataset's own `prompt` where it
+    has one (False: the built-in one).
     """
     os.makedirs(out_dir, exist_ok=True)
     if gold_corpus is not None:

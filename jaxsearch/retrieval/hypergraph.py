@@ -25,7 +25,8 @@ Served by `launch/serve_retriever.py --retriever hypergraph` on our `/retrieve` 
 (`base.graph_r1_result_string`).
 
 Memory (E entities, H hyperedges, M incidences, d dims): the FAISS indexes 4*d*(E+H) bytes, the incidence
-12*M + 16*E + 12*H bytes, the hyperedge text offsets 8*H bytes; texts stay on disk.
+12*M + 16*E + 12*H bytes, the hyperedge text offsets 8*H bytes, each hyperedge's source passage ids (a tuple of
+strings); texts stay on disk.
 """
 from __future__ import annotations
 
@@ -131,16 +132,17 @@ def fuse(entity_route: Sequence[int], hyperedge_route: Sequence[int], k: int) ->
 
 class HypergraphRetriever:
     """`search(queries, k)`: Graph-R1's hypergraph retrieval; each Doc is a hyperedge (id = row, `contents` =
-    its knowledge text, `sources` = the passages it came from), scored by the fused rank score. `corpus` reads
-    the hyperedges' texts by row."""
+    its knowledge text, `sources` = the passages it came from), scored by the fused rank score. `hyperedges`
+    reads their texts by row; `sources[row]` are the ids of the passages hyperedge `row` came from. (No
+    `corpus` attribute: `launch/eval.py` takes a retriever's `corpus` as the passages that supporting ids name.)"""
 
     default_k = TOP_K
 
-    def __init__(self, corpus: Corpus, incidence: Incidence, entity_index: faiss.Index,
-                 hyperedge_index: faiss.Index, encoder, top_entities: int = TOP_ENTITIES,
+    def __init__(self, hyperedges: Corpus, sources: list[tuple[str, ...]], incidence: Incidence,
+                 entity_index: faiss.Index, hyperedge_index: faiss.Index, encoder, top_entities: int = TOP_ENTITIES,
                  top_hyperedges: int = TOP_HYPEREDGES, use_gpu: bool = True):
-        sizes = {"hyperedges.jsonl rows": len(corpus), "hyperedge index vectors": hyperedge_index.ntotal,
-                 "incidence hyperedges": incidence.num_hyperedges}
+        sizes = {"hyperedges.jsonl rows": len(hyperedges), "hyperedge sources": len(sources),
+                 "hyperedge index vectors": hyperedge_index.ntotal, "incidence hyperedges": incidence.num_hyperedges}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"the hypergraph's files disagree on the number of hyperedges: {sizes}; rebuild it")
         if entity_index.ntotal != incidence.num_entities:
@@ -150,11 +152,10 @@ class HypergraphRetriever:
             if index.d != encoder.dim:
                 raise ValueError(f"{name} index dim {index.d} != encoder {encoder.spec.model} dim {encoder.dim}")
         prefer_blas()
-        self.corpus, self.incidence, self.encoder = corpus, incidence, encoder
+        self.hyperedges, self.sources, self.incidence, self.encoder = hyperedges, sources, incidence, encoder
         self.entity_index = to_gpu(entity_index) if use_gpu else entity_index
         self.hyperedge_index = to_gpu(hyperedge_index) if use_gpu else hyperedge_index
         self.top_entities, self.top_hyperedges = top_entities, top_hyperedges
-        self.sources: list[tuple[str, ...]] = []  # per hyperedge, its passages' ids (`load` reads them)
 
     @classmethod
     def load(cls, path: str | os.PathLike, encoder: str | EncoderSpec | dict | Encoder | None = None,
@@ -167,13 +168,12 @@ class HypergraphRetriever:
             encoder = meta["encoder"]
         if not hasattr(encoder, "encode_queries"):
             encoder = Encoder(hypergraph_encoder_spec(encoder))
-        corpus = Corpus(os.path.join(path, HYPEREDGES_FILE), progress=progress)
+        hyperedges = Corpus(os.path.join(path, HYPEREDGES_FILE), progress=progress)
+        sources = read_sources(os.path.join(path, HYPEREDGES_FILE))
         incidence = Incidence.load(os.path.join(path, INCIDENCE_FILE))
         entity_index = faiss.read_index(os.path.join(path, ENTITY_INDEX))
         hyperedge_index = faiss.read_index(os.path.join(path, HYPEREDGE_INDEX))
-        retriever = cls(corpus, incidence, entity_index, hyperedge_index, encoder, **kwargs)
-        retriever.sources = read_sources(os.path.join(path, HYPEREDGES_FILE))
-        return retriever
+        return cls(hyperedges, sources, incidence, entity_index, hyperedge_index, encoder, **kwargs)
 
     def search(self, queries: list[str], k: int = TOP_K) -> list[list[Doc]]:
         if not queries:
@@ -199,8 +199,8 @@ class HypergraphRetriever:
         return [r[r >= 0] for r in rows]
 
     def _doc(self, row: int, score: float) -> Doc:
-        contents = self.corpus[row].contents
-        return Doc(str(row), "", contents, float(score), contents, self.sources[row] if self.sources else ())
+        contents = self.hyperedges[row].contents
+        return Doc(str(row), "", contents, float(score), contents, self.sources[row])
 
 
 def read_sources(hyperedges_path: str) -> list[tuple[str, ...]]:
