@@ -5,7 +5,8 @@
 The tiny searcher (jaxsearch.rl.sft) answers the tiny world's test questions greedily with Search-R1's protocol
 and BM25 (k=1), up to 4 searching turns + a last one: single-hop rows answer after one search, multi-hop rows
 search once per hop and the rest use every turn, so turns per row are spread from 2 to 5 (printed). Cache 1024,
-segments up to 128 tokens. Lockstep runs `--slots` rows per sampler call (its `micro_batch`); the slot engine
+segments up to 128 tokens, prompts and observations padded to the training sampler's power-of-two length
+buckets. Lockstep runs `--slots` rows per sampler call (its `micro_batch`); the slot engine
 the same number of slots. Each line: wall seconds (median of --reps, the variants interleaved), the ratio
 lockstep / slots, the device-idle fraction (1 - device busy / wall; the slot engine's busy time is a lower
 bound, so its idle fraction an upper bound), and whether the trajectories are identical token for token.
@@ -46,16 +47,23 @@ def main():
     ap.add_argument("--steps", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; 1: a training rollout's sampling")
     args = ap.parse_args()
     config, params, tok, world, retriever = train_tiny_searcher()
     if args.latency_ms:
         retriever = DelayedRetriever(retriever, args.latency_ms / 1000)
     protocol = get_protocol("search_r1")
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
-    smp = S.Sampler(
-        config, table, 1024, 128, S.SamplingParams(0.0), prompt_buckets=[192], chunk_buckets=[160]
-    )
     limits = EpisodeConfig(max_turns=4, retrieval_k=1, max_segment_tokens=128, max_obs_tokens=150)
+    # the length buckets of a training run's sampler (agent/build.build_sampler): powers of two
+    smp = S.Sampler(
+        config,
+        table,
+        1024,
+        128,
+        S.SamplingParams(args.temperature),
+        chunk_buckets=S.default_buckets(limits.max_obs_tokens + 512),
+    )
     questions = [q.question for q in (world.questions["test"] + world.questions["dev"])[: args.rows]]
     print(f"jax {jax.__version__} {jax.devices()[0].platform}, {len(questions)} rows", flush=True)
     for n in args.slots:

@@ -3,6 +3,7 @@
 # $OUT), workdirs under $OUT, and copies each finished run's records into this directory; a run whose records
 # are here is skipped, so a new machine continues where the last one stopped:
 #   OUT=/tmp/b17 nohup bench/runs/queue.sh > /tmp/queue.out 2>&1 &
+# Started twice, two workers share the queue (each run is locked by the worker that runs it).
 set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
@@ -10,6 +11,7 @@ PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
 GRAPH_REV=21f7e9a   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures; engine/: the main job with
 #                     issue 17's engine (decode slots, the CPU decode attention) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
+  git -C "$RECORDS/../.." worktree prune
   [ -d "$2" ] || git -C "$RECORDS/../.." worktree add -q "$2" "$1"
 }
 save() {  # OUTNAME CFGNAME SEED
@@ -24,11 +26,14 @@ one() {  # SRC OUTNAME CONFIG SEED [-- overrides]
   local src=$1 out=$2 cfg=$3 seed=$4; shift 4
   local name; name=$(basename "$cfg" .py)
   [ -f "$RECORDS/$out/$name/seed$seed/wall_s.json" ] && return
-  echo "$(date +%T) start $out $name seed$seed" >> "$OUT/queue.log"
-  (cd "$src" && python bench/tiny_world.py --configs "$cfg" --seeds "$seed" --out "$OUT/$out" "$@") \
-    > "$OUT/log.$out.$name.$seed" 2>&1
-  echo "$(date +%T) end rc=$? $out $name seed$seed" >> "$OUT/queue.log"
-  save "$out" "$name" "$seed"
+  (  # a run held by another worker is skipped; the lock dies with its holder
+    flock -n 9 || exit 0
+    echo "$(date +%T) start $out $name seed$seed" >> "$OUT/queue.log"
+    (cd "$src" && python bench/tiny_world.py --configs "$cfg" --seeds "$seed" --out "$OUT/$out" "$@") \
+      > "$OUT/log.$out.$name.$seed" 2>&1
+    echo "$(date +%T) end rc=$? $out $name seed$seed" >> "$OUT/queue.log"
+    save "$out" "$name" "$seed"
+  ) 9> "$OUT/lock.$out.$name.$seed"
 }
 mkdir -p "$OUT"
 PAPERS=$OUT/src GRAPH=$OUT/src_$GRAPH_REV
