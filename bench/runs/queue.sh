@@ -39,13 +39,14 @@ mkdir -p "$OUT"
 PAPERS=$OUT/src GRAPH=$OUT/src_$GRAPH_REV
 worktree $PAPERS_REV "$PAPERS"
 worktree $GRAPH_REV "$GRAPH"
-for cfg in tiny_cpu tiny_cpu_eka; do for seed in 0 1 2; do one "$PAPERS" papers_settings configs/$cfg.py $seed; done; done
-for seed in 0 1 2; do one "$PAPERS" papers_settings_p0 configs/tiny_cpu_eka.py $seed -- --config.sft.use_p0=True; done
-for cfg in tiny_cpu_rsearch tiny_cpu_ppo tiny_cpu_soar; do
+# what closes an issue first: the papers' settings (14, 16), the Graph-R1 miniatures (18), the engine's curves
+# (17), then the P0 study's seeds 1-2 (seed 0 is in RESULTS)
+for cfg in tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_ppo tiny_cpu_soar; do
   for seed in 0 1 2; do one "$PAPERS" papers_settings configs/$cfg.py $seed; done
 done
 for cfg in tiny_cpu_graphr1 tiny_cpu_eka_graphr1; do
   for seed in 0 1 2; do one "$GRAPH" graph_r1 configs/$cfg.py $seed; done
 done
 for seed in 0 1 2; do one "$GRAPH" engine configs/tiny_cpu.py $seed; done
+for seed in 0 1 2; do one "$PAPERS" papers_settings_p0 configs/tiny_cpu_eka.py $seed -- --config.sft.use_p0=True; done
 echo "$(date +%T) all done" >> "$OUT/queue.log"
