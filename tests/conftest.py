@@ -7,17 +7,12 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-import socket
 import threading
 import time
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from net import free_port
 
 
 @pytest.fixture
@@ -31,7 +26,7 @@ def in_process_server():
     servers = []
 
     def serve(retriever, **options):
-        port = _free_port()
+        port = free_port()
         server = uvicorn.Server(uvicorn.Config(create_app(retriever, "test", **options), port=port, log_level="warning"))
         thread = threading.Thread(target=server.run)
         thread.start()

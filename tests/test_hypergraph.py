@@ -4,7 +4,6 @@ its agent and EKA's client read it."""
 import http.server
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -36,14 +35,9 @@ from jaxsearch.retrieval.hypergraph_extract import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 import build_hypergraph as build_cli
+from net import free_port
 
 E = EntityMention
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_corpus(path, texts):

@@ -6,7 +6,6 @@ LocalChatModel against `sampler.generate` on a tiny random Qwen2; adapters on ha
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -25,17 +24,12 @@ from jaxsearch.rl.rewards import RewardInput, evidence_reward, judge_fabrication
 from jaxsearch.agent.sampler import generate
 
 from tiny_models import tiny_qwen2_config
+from net import free_port
 
 MODEL = "judge-model"
 
 
 # ------------------------------------------------------------------------------ fake OpenAI server
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeOpenAI:

@@ -3,7 +3,6 @@ the same rollouts, the same GRPO step, and orbax checkpoints written by both tha
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ import numpy as np
 import multiprocess_worker as worker
 from jaxsearch import checkpoint, parallel
 from jaxsearch.models import hf_io
+from net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_workers(out_dir: str) -> list[tuple[subprocess.Popen, str]]:

@@ -3,7 +3,6 @@ client, spoken to as Search-R1's client and servers do."""
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -15,17 +14,12 @@ import pytest
 
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.client import RemoteRetriever, RetrieverUnavailable, parse_response
+from net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "corpus", "corpus.jsonl")
 CONTENTS = {row["id"]: row["contents"] for row in map(json.loads, open(CORPUS))}
 QUESTIONS = [json.loads(line)["question"] for line in open(os.path.join(ROOT, "tests", "data", "corpus", "queries.jsonl"))]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(port, *extra):
