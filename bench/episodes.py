@@ -10,7 +10,8 @@ buckets. Lockstep runs `--slots` rows per sampler call (its `micro_batch`); the 
 the same number of slots. Each line: wall seconds (median of --reps, the variants interleaved), the ratio
 lockstep / slots, the device-idle fraction (1 - device busy / wall; the slot engine's busy time is a lower
 bound, so its idle fraction an upper bound), and whether the trajectories are identical token for token.
---latency-ms adds a fixed delay to every retriever call (a remote retriever).
+--latency-ms adds a fixed delay to every retriever call (a remote retriever). --group G --temperature 1 is a
+GRPO rollout: each question G times, sampled (`--rows` counts questions).
 """
 
 import argparse
@@ -48,6 +49,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; 1: a training rollout's sampling")
+    ap.add_argument("--group", type=int, default=1, help="samples per question (GRPO's group), with --temperature")
     args = ap.parse_args()
     config, params, tok, world, retriever = train_tiny_searcher()
     if args.latency_ms:
@@ -65,6 +67,7 @@ def main():
         chunk_buckets=S.default_buckets(limits.max_obs_tokens + 512),
     )
     questions = [q.question for q in (world.questions["test"] + world.questions["dev"])[: args.rows]]
+    questions = [q for q in questions for _ in range(args.group)]  # as the RL data iterator repeats them
     print(f"jax {jax.__version__} {jax.devices()[0].platform}, {len(questions)} rows", flush=True)
     for n in args.slots:
         engines = {"lockstep": AgentEngine(tok, protocol, retriever, smp, limits, micro_batch=n)}

@@ -204,22 +204,40 @@ def _assert_same_episodes(a, b, order=None):
     "name, slots, steps, temperature",
     [("search_r1", 3, 16, 0.0), ("search_r1", 8, 1, 0.0), ("eka", 5, 48, 0.0), ("search_r1", 3, 7, 1.0)],
 )
-def test_decode_slots_give_the_lockstep_episodes(searcher, name, slots, steps, temperature):
+def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, slots, steps, temperature):
     """Episodes in decode slots (fewer slots than rows: finished rows' slots take waiting rows) equal the
     lockstep rollout's, whatever the number of slots, the steps per call or the rows' arrival order: greedy,
     and sampled too (a row samples with its own key folded with its cache position, so the schedule cannot
-    change what it draws: RL's rollouts, hence its learning curves, are the lockstep ones)."""
+    change what it draws: RL's rollouts, hence its learning curves, are the lockstep ones). The sampled rows
+    come in GRPO groups of 2 samples per question, so a group's second row copies the first's prompt where
+    both start in the same round and prefills it where not."""
+    from jaxsearch.agent.slots import Slots
+
+    copies = []
+    monkeypatch.setattr(Slots, "copy_prompt", _counted(Slots.copy_prompt, copies))
     config, params, tok, world, retriever = searcher
     protocol = get_protocol(name)
     smp = _searcher_sampler(config, tok, protocol, temperature, prompt_bucket=384)
     cfg = EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, initial_k=1)
     questions = [q.question for q in world.questions["test"][:8]]
+    if temperature:
+        questions = [q for q in questions for _ in range(2)]
     lockstep = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 0)
     engine = AgentEngine(tok, protocol, retriever, smp, cfg, micro_batch=slots, scheduler="slots", steps_per_call=steps)
     _assert_same_episodes(engine.rollout(params, questions, 0), lockstep)
     if temperature == 0.0:  # a sampled row's key is its row index's, so reordering the rows resamples them
         _assert_same_episodes(engine.rollout(params, questions[::-1], 0), lockstep, order=np.arange(8)[::-1])
+    else:
+        assert copies and len(set(map(tuple, lockstep.tokens.tolist()))) == 16  # copied, yet each row its own
     assert len(set(lockstep.turns.tolist())) > 1  # rows really finish at different turns
+
+
+def _counted(method, calls):
+    def wrapper(self, *args, **kwargs):
+        calls.append(args)
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class _DelayedRetriever:

@@ -150,6 +150,8 @@ class AgentEngine:
         Each loop: dispatch a decode call for the slots that decode; meanwhile the host acts on the slots
         whose segment ended in the previous call (parse, one retrieval for all of them, encode) and inserts
         their observation, or a waiting row's prompt where a row finished; then it reads the call's tokens.
+        A new row whose prompt a slot prefilled since the last call (a GRPO group's next sample of the same
+        question) copies that slot's cache row instead of prefilling it again.
         """
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
@@ -167,11 +169,19 @@ class AgentEngine:
         budgets = np.zeros(n, np.int32)
         acts = 0  # host rounds so far (SOAR's internal stream samples round r with fold_in(key, r))
 
+        fresh: dict[tuple[int, ...], int] = {}  # prompt -> the slot that prefilled it since the last decode call
+
         def begin(slot, i, ids, reset):  # row i decodes its next segment in `slot` after `ids`
             nonlocal state
             budgets[slot] = self._budgets(rows, [i])[i]
             budget = min(budgets[slot], self.sampler.max_segment)
-            state = slots.insert(params, state, slot, ids, budget, key_data[i] if reset else None)
+            source = fresh.get(tuple(ids)) if reset else None
+            if source is not None:  # a GRPO group's next sample of a question: copy, don't prefill again
+                state = slots.copy_prompt(state, source, slot, budget, key_data[i])
+            else:
+                state = slots.insert(params, state, slot, ids, budget, key_data[i] if reset else None)
+                if reset:
+                    fresh[tuple(ids)] = slot
             occupant[slot], decoding[slot], parts[slot] = i, True, []
 
         def refill(slot):
@@ -187,6 +197,7 @@ class AgentEngine:
             if in_call.any():
                 dispatched = time.perf_counter()
                 out, state = slots.decode(params, state)  # runs on the device while the host acts on `ended`
+                fresh.clear()  # their slots decode now
             if ended:
                 searches, hints = [], {}
                 for slot, stop in ended:

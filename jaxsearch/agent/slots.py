@@ -102,6 +102,32 @@ def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, 
     )
 
 
+def copy_prompt(slots: SlotState, src, dst, key_data, budget):
+    """Start a new row in slot `dst` ([] int32, traced) from the prompt prefilled in slot `src`: its cache
+    row and next-token logits copied, its own key (key_data [2] uint32) and a segment of `budget` tokens.
+    The GRPO group's other samples of a question so skip their prefill."""
+
+    def copy(x):
+        return jax.lax.dynamic_update_slice_in_dim(x, jax.lax.dynamic_slice_in_dim(x, src, 1, axis=0), dst, axis=0)
+
+    def put(x, value):
+        return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), dst, axis=0)
+
+    st, cache = slots.decode, slots.decode.cache
+    new_cache = {
+        "k": tuple(map(copy, cache["k"])),
+        "v": tuple(map(copy, cache["v"])),
+        "lengths": copy(cache["lengths"]),
+    }
+    keys = put(jax.random.key_data(st.keys), key_data[None])
+    return SlotState(
+        decode=DecodeState(cache=new_cache, logits=copy(st.logits), keys=jax.random.wrap_key_data(keys)),
+        active=put(slots.active, (budget > 0)[None]),
+        budget=put(slots.budget, budget[None]),
+        window=put(slots.window, jnp.zeros((1,) + slots.window.shape[1:], slots.window.dtype)),
+    )
+
+
 class Slots:
     """The jitted decode / insert functions for the decode slots of one `Sampler` (its config, cache
     length, stop table, sampling, buckets and mesh)."""
@@ -110,12 +136,12 @@ class Slots:
         if steps_per_call < 1:
             raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
         self.sampler, self.steps_per_call = sampler, steps_per_call
-        self._decode, self._insert, self._empty = _jitted(sampler.mesh)
+        self._decode, self._insert, self._empty, self._copy = _jitted(sampler.mesh)
         self._no_key = np.zeros(jax.random.key_data(jax.random.key(0)).shape, np.uint32)
 
     def compiled_count(self) -> int:
-        """Compiled variants of decode / insert / empty (jax caches them per function)."""
-        return sum(f._cache_size() for f in (self._decode, self._insert, self._empty))
+        """Compiled variants of decode / insert / empty / copy (jax caches them per function)."""
+        return sum(f._cache_size() for f in (self._decode, self._insert, self._empty, self._copy))
 
     def empty(self, n: int) -> SlotState:
         """n empty, inactive slots."""
@@ -146,6 +172,11 @@ class Slots:
             np.bool_(key is not None),
         )
 
+    def copy_prompt(self, state: SlotState, src: int, dst: int, budget: int, key) -> SlotState:
+        """Start a new row (key: raw key data, as for `insert`) in `dst` from the prompt that `insert` prefilled
+        in `src`, which must not have decoded since; dispatches only."""
+        return self._copy(state, np.int32(src), np.int32(dst), np.asarray(key, np.uint32), np.int32(budget))
+
     def decode(self, params, state: SlotState):
         """Dispatch one decode call. Returns (device outputs for `fetch`, new SlotState)."""
         s = self.sampler
@@ -165,13 +196,14 @@ def jit_decode_steps(mesh: jax.sharding.Mesh | None = None):
 
 @functools.lru_cache(maxsize=None)
 def _jitted(mesh: jax.sharding.Mesh | None):
-    """(decode_steps, insert, _empty) jitted once per mesh (under its activation sharding), the slot state
-    donated: every `Slots` of a process shares their compiles."""
+    """(decode_steps, insert, _empty, copy_prompt) jitted once per mesh (under its activation sharding), the
+    slot state donated: every `Slots` of a process shares their compiles."""
     shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
     return (
         jax.jit(shard(decode_steps), static_argnums=(0, 4, 5), donate_argnums=(2,)),
         jax.jit(shard(insert), static_argnums=(0,), donate_argnums=(2,)),
         jax.jit(shard(_empty), static_argnums=(0, 1, 2, 3)),
+        jax.jit(shard(copy_prompt), donate_argnums=(0,)),
     )
 
 
