@@ -6,6 +6,7 @@ append) for every row: each turn waits for its slowest row. Slots let rows proce
     slots = Slots(sampler, steps_per_call=16)                     # cheap: compiles are shared
     state = slots.empty(n)                                        # n slots, nothing in them
     state = slots.insert(params, state, slot, prompt_ids, budget, key=key_data)  # a new row (resets the slot)
+    state = slots.copy_prompt(state, slot, other, budget, key_data2)  # another new row, the same prompt
     state = slots.insert(params, state, slot, observation_ids, budget)           # the same row, next segment
     out, state = slots.decode(params, state)     # dispatched, not waited for: the host works meanwhile
     result = slots.fetch(out)                    # host arrays of that call
