@@ -175,13 +175,13 @@ class AgentEngine:
             nonlocal state
             budgets[slot] = self._budgets(rows, [i])[i]
             budget = min(budgets[slot], self.sampler.max_segment)
-            source = fresh.get(tuple(ids)) if reset else None
-            if source is not None:  # a GRPO group's next sample of a question: copy, don't prefill again
-                state = slots.copy_prompt(state, source, slot, budget, key_data[i])
+            prompt = tuple(ids) if reset else None
+            if prompt in fresh:  # a GRPO group's next sample of a question: copy, don't prefill again
+                state = slots.copy_prompt(state, fresh[prompt], slot, budget, key_data[i])
             else:
                 state = slots.insert(params, state, slot, ids, budget, key_data[i] if reset else None)
                 if reset:
-                    fresh[tuple(ids)] = slot
+                    fresh[prompt] = slot
             occupant[slot], decoding[slot], parts[slot] = i, True, []
 
         def refill(slot):

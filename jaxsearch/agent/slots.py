@@ -71,6 +71,27 @@ def decode_steps(config, params, slots: SlotState, table, sampling, steps: int):
     return (out.tokens, out.logprobs, out.entropy, out.length, out.stop, out.active), new
 
 
+def _row(x, slot):
+    """Row `slot` ([] int32, traced) of x, kept as a [1, ...] slice."""
+    return jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)
+
+
+def _put(x, slot, value):
+    """x with row `slot` replaced by value [1, ...]."""
+    return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), slot, axis=0)
+
+
+def _start_segment(slots: SlotState, slot, cache, logits, key_data, budget) -> SlotState:
+    """`slots` with the new cache, logits [n, V] and raw keys [n, 2] (`slot`'s row already written in them) and
+    a segment of `budget` tokens begun in `slot`: active if budget > 0, its stop-string window emptied."""
+    return SlotState(
+        decode=DecodeState(cache=cache, logits=logits, keys=jax.random.wrap_key_data(key_data)),
+        active=_put(slots.active, slot, (budget > 0)[None]),
+        budget=_put(slots.budget, slot, budget[None]),
+        window=_put(slots.window, slot, jnp.zeros_like(_row(slots.window, slot))),
+    )
+
+
 def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, reset):
     """Append ids [1, T] (mask [1, T]) to the cache row of `slot` ([] int32, traced) and start a segment of
     `budget` tokens there. reset ([] bool): a new row: the slot's cache row is emptied first and its key
@@ -78,10 +99,10 @@ def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, 
     cache, st = slots.decode.cache, slots.decode
 
     def row(x):
-        return jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)
+        return _row(x, slot)
 
     def put(x, value):
-        return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), slot, axis=0)
+        return _put(x, slot, value)
 
     length = jnp.where(reset, 0, row(cache["lengths"]))
     row_cache = {"k": tuple(map(row, cache["k"])), "v": tuple(map(row, cache["v"])), "lengths": length}
@@ -93,14 +114,7 @@ def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, 
         "v": tuple(put(a, b) for a, b in zip(cache["v"], row_cache["v"])),
         "lengths": put(cache["lengths"], row_cache["lengths"]),
     }
-    return SlotState(
-        decode=DecodeState(
-            cache=new_cache, logits=put(st.logits, logits), keys=jax.random.wrap_key_data(keys)
-        ),
-        active=put(slots.active, (budget > 0)[None]),
-        budget=put(slots.budget, budget[None]),
-        window=put(slots.window, jnp.zeros_like(row(slots.window))),
-    )
+    return _start_segment(slots, slot, new_cache, put(st.logits, logits), keys, budget)
 
 
 def copy_prompt(slots: SlotState, src, dst, key_data, budget):
@@ -109,10 +123,7 @@ def copy_prompt(slots: SlotState, src, dst, key_data, budget):
     The GRPO group's other samples of a question so skip their prefill."""
 
     def copy(x):
-        return jax.lax.dynamic_update_slice_in_dim(x, jax.lax.dynamic_slice_in_dim(x, src, 1, axis=0), dst, axis=0)
-
-    def put(x, value):
-        return jax.lax.dynamic_update_slice_in_dim(x, value.astype(x.dtype), dst, axis=0)
+        return _put(x, dst, _row(x, src))
 
     st, cache = slots.decode, slots.decode.cache
     new_cache = {
@@ -120,13 +131,8 @@ def copy_prompt(slots: SlotState, src, dst, key_data, budget):
         "v": tuple(map(copy, cache["v"])),
         "lengths": copy(cache["lengths"]),
     }
-    keys = put(jax.random.key_data(st.keys), key_data[None])
-    return SlotState(
-        decode=DecodeState(cache=new_cache, logits=copy(st.logits), keys=jax.random.wrap_key_data(keys)),
-        active=put(slots.active, (budget > 0)[None]),
-        budget=put(slots.budget, budget[None]),
-        window=put(slots.window, jnp.zeros((1,) + slots.window.shape[1:], slots.window.dtype)),
-    )
+    keys = _put(jax.random.key_data(st.keys), dst, key_data[None])
+    return _start_segment(slots, dst, new_cache, copy(st.logits), keys, budget)
 
 
 class Slots:
