@@ -10,7 +10,7 @@ import jax
 import jax.extend.core  # noqa: F401  (jaxprs_in_params)
 import jax.numpy as jnp
 
-from jaxsearch.models import hf_io, qwen2
+from jaxsearch.models import attention, hf_io, qwen2
 from hf_reference import TINY_CONFIGS, hf_logits, left_padded_batch, make_hf_model
 from tiny_models import tiny_qwen2_config
 
@@ -117,6 +117,66 @@ def test_extend_appends_at_each_rows_own_offset(tiny):
         ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
         np.testing.assert_allclose(np.asarray(logits[b]), ref, atol=2e-4, err_msg=f"row {b}")
     assert list(np.asarray(cache["lengths"])) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
+
+
+def _numpy_attention(q, k, v, mask):
+    """float64 reference: q [B, 1, H, D], k, v [B, S, K, D], mask [B, 1, S] -> [B, 1, H, D]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    b, _, h, d = q.shape
+    rep = h // k.shape[2]
+    k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)  # head j reads kv head j // rep
+    scores = np.einsum("bhd,bshd->bhs", q[:, 0], k) / np.sqrt(d)
+    scores = np.where(np.asarray(mask)[:, 0, None, :], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhs,bshd->bhd", probs, v)[:, None]
+
+
+def test_blocked_decode_attention_equals_numpy_and_ignores_the_span():
+    """The CPU decode attention over a long cache (4+ blocks) reads only the blocks the longest row needs:
+    the result is softmax attention (float64 reference), and a row's output is bit-identical whatever the
+    other rows' lengths or the cache length."""
+    rng = np.random.default_rng(0)
+    b, h, kvh, d = 3, 4, 2, 8
+    lengths = np.array([1, 129, 300])  # one key; into the second block; 3 of a 512-slot cache's 4
+    def draw(s):
+        k = rng.normal(size=(b, s, kvh, d)).astype(np.float32)
+        return k, rng.normal(size=(b, s, kvh, d)).astype(np.float32)
+    q = rng.normal(size=(b, 1, h, d)).astype(np.float32) * 3
+    k, v = draw(1024)
+    mask = (np.arange(1024)[None, None, :] < lengths[:, None, None])
+    attend = jax.jit(attention.attend_decode_cpu)
+    out = np.asarray(attend(q, k, v, mask))
+    np.testing.assert_allclose(out, _numpy_attention(q, k, v, mask), atol=2e-6)
+    # the same keys in a 512-slot cache, and each row alone: the same bits
+    np.testing.assert_array_equal(np.asarray(attend(q, k[:, :512], v[:, :512], mask[..., :512])), out)
+    for r in range(b):
+        alone = attend(q[r : r + 1], k[r : r + 1], v[r : r + 1], mask[r : r + 1])
+        np.testing.assert_array_equal(np.asarray(alone)[0], out[r])
+    # a short cache is attended whole, the same attention
+    np.testing.assert_allclose(
+        np.asarray(attend(q, k[:, :384], v[:, :384], mask[..., :384])), out, atol=2e-6
+    )
+
+
+def test_kv_cache_decode_over_a_long_cache_equals_full_forward(tiny):
+    """Greedy decoding in a 512-slot cache (the blocked CPU attention) crosses block boundaries at each
+    row's own step and matches a full forward at every step."""
+    _, _, config, params = tiny
+    ids, mask = left_padded_batch(config.vocab_size, [120, 5, 250], seed=5)
+    prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
+    step = jax.jit(qwen2.decode_step, static_argnums=0)
+    logits, cache = prefill(config, params, ids, mask, 512)
+    seq, seq_mask, step_logits = ids, mask, [np.asarray(logits)]
+    for _ in range(12):  # row 0 crosses slot 128, row 2 slot 256
+        tok = np.asarray(jnp.argmax(logits, -1))
+        seq = np.concatenate([seq, tok[:, None]], 1)
+        seq_mask = np.concatenate([seq_mask, np.ones_like(tok)[:, None]], 1)
+        logits, cache = step(config, params, cache, tok)
+        step_logits.append(np.asarray(logits))
+    full = np.asarray(qwen2.forward(config, params, seq, seq_mask))
+    for i, lg in enumerate(step_logits):
+        np.testing.assert_allclose(lg, full[:, ids.shape[1] - 1 + i], atol=2e-4, err_msg=f"step {i}")
 
 
 def test_token_logprobs_equal_numpy_log_softmax(tiny):

@@ -1,8 +1,9 @@
 """Qwen2 / Qwen2.5 decoder in Flax linen, with pure functions over a params pytree.
 
-One file holds the whole model: config and presets, modules with logical-axis annotations on every
-parameter and main activation (flax's logical-axis rules map them to a mesh: `jaxsearch.parallel` holds
-the rules and enters them), and the pure entry points the rest of jaxsearch calls:
+One file holds the model (its attention in `models/attention.py`): config and presets, modules with
+logical-axis annotations on every parameter and main activation (flax's logical-axis rules map them to a
+mesh: `jaxsearch.parallel` holds the rules and enters them), and the pure entry points the rest of
+jaxsearch calls:
 
     params = init_params(config, rng)
     logits = forward(config, params, input_ids, attention_mask)            # [B, T] -> [B, T, V]
@@ -35,7 +36,6 @@ cache), one-token decode and appending retrieved observations at each row's own 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Any, Mapping, Sequence
 
@@ -44,8 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsearch.models.attention import attend
+
 Params = Any  # a nested dict of arrays
-_NEG = -1e30  # finite "minus infinity" for masked logits: a fully masked (padding) row stays finite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,58 +299,6 @@ def apply_rope(x, cos, sin):
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     out = x.astype(jnp.float32) * cos[:, :, None] + rotated.astype(jnp.float32) * sin[:, :, None]
     return out.astype(x.dtype)
-
-
-def attend(q, k, v, mask, chunk: int = 0):
-    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
-
-    Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
-    With 0 < chunk < T, queries go `chunk` at a time (T padded up to a multiple) through a `lax.map` whose
-    body is rematerialised, so only one chunk's [B, H, chunk, S] scores are live, forward or backward.
-    A decode step (T = 1) compiled for CPU takes `_attend_one_query`.
-    """
-    b, t, h, d = q.shape
-    if t == 1 and chunk == 0:
-        return jax.lax.platform_dependent(
-            q, k, v, mask, cpu=_attend_one_query, default=functools.partial(_attend_dense, chunk=0)
-        )
-    return _attend_dense(q, k, v, mask, chunk)
-
-
-def _attend_one_query(q, k, v, mask):
-    """`attend` for one query per row as multiply-reduce over the cache in its own [B, S, K, D] layout. The
-    batched-matmul form makes XLA:CPU transpose both caches of every layer at every decode step (the matmuls
-    want [B, K, S, D]); this one reads them as they are: 4 fused ops per layer fewer, ~10% more tokens/s at
-    bench/rollout.py's S. Accelerators keep the matmul form."""
-    b, _, h, d = q.shape
-    kvh = k.shape[2]
-    q = q.reshape(b, 1, kvh, h // kvh, d).astype(jnp.float32)  # [B, 1, K, G, D]
-    scores = jnp.sum(q * k[:, :, :, None, :].astype(jnp.float32), axis=-1) * (d**-0.5)  # [B, S, K, G]
-    scores = jnp.where(mask[:, 0, :, None, None], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=1)
-    out = jnp.sum(probs[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B, K, G, D]
-    return out.reshape(b, 1, h, d).astype(v.dtype)
-
-
-def _attend_dense(q, k, v, mask, chunk: int):
-    b, t, h, d = q.shape
-    if 0 < chunk < t:
-        n = -(-t // chunk)
-        pad = n * chunk - t
-        q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        q_chunks = q_chunks.reshape(b, n, chunk, h, d).swapaxes(0, 1)  # [n, B, chunk, H, D]
-        m_chunks = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
-        one = jax.checkpoint(lambda qm: _attend_dense(qm[0], k, v, qm[1], 0))
-        out = jax.lax.map(one, (q_chunks, m_chunks)).swapaxes(0, 1).reshape(b, n * chunk, h, d)
-        return out[:, :t]
-    kvh = k.shape[2]
-    q = q.reshape(b, t, kvh, h // kvh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (d**-0.5)
-    scores = jnp.where(mask[:, None, None], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
 
 
 class Attention(nn.Module):
