@@ -8,8 +8,9 @@ set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
 PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
-GRAPH_REV=21f7e9a   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures; engine/: the main job with
-#                     issue 17's engine (decode slots, the CPU decode attention) against papers_settings/tiny_cpu
+GRAPH_REV=21f7e9a   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures
+ENGINE_REV=614d85d  # engine/: the main job with issue 17's engine (decode slots sharing a group's prefill, the
+#                     blocked CPU decode attention) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
   git -C "$RECORDS/../.." worktree prune
   [ -d "$2" ] || git -C "$RECORDS/../.." worktree add -q "$2" "$1"
@@ -36,9 +37,10 @@ one() {  # SRC OUTNAME CONFIG SEED [-- overrides]
   ) 9> "$OUT/lock.$out.$name.$seed"
 }
 mkdir -p "$OUT"
-PAPERS=$OUT/src GRAPH=$OUT/src_$GRAPH_REV
+PAPERS=$OUT/src GRAPH=$OUT/src_$GRAPH_REV ENGINE=$OUT/src_$ENGINE_REV
 worktree $PAPERS_REV "$PAPERS"
 worktree $GRAPH_REV "$GRAPH"
+worktree $ENGINE_REV "$ENGINE"
 # what closes an issue first: the papers' settings (14, 16), the Graph-R1 miniatures (18), the engine's curves
 # (17), then the P0 study's seeds 1-2 (seed 0 is in RESULTS)
 for cfg in tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_ppo tiny_cpu_soar; do
@@ -47,6 +49,6 @@ done
 for cfg in tiny_cpu_graphr1 tiny_cpu_eka_graphr1; do
   for seed in 0 1 2; do one "$GRAPH" graph_r1 configs/$cfg.py $seed; done
 done
-for seed in 0 1 2; do one "$GRAPH" engine configs/tiny_cpu.py $seed; done
+for seed in 0 1 2; do one "$ENGINE" engine configs/tiny_cpu.py $seed; done
 for seed in 0 1 2; do one "$PAPERS" papers_settings_p0 configs/tiny_cpu_eka.py $seed -- --config.sft.use_p0=True; done
 echo "$(date +%T) all done" >> "$OUT/queue.log"
