@@ -70,11 +70,10 @@ def test_presets_param_counts_equal_transformers():
         qwen2.preset("qwen2.5-8b")
 
 
-def test_kv_cache_decode_equals_full_forward(tiny):
-    """Prefill left-padded prompts, decode 20 greedy tokens, compare every step to a full forward."""
-    _, _, config, params = tiny
-    ids, mask = left_padded_batch(config.vocab_size, [9, 4, 6], seed=2)
-    steps, max_len = 20, 40
+def _check_greedy_decode_equals_full_forward(config, params, lengths, seed, steps, max_len):
+    """Prefill left-padded prompts of `lengths`, decode `steps` greedy tokens in a cache of `max_len` slots,
+    compare every step's logits to a full forward over the sequence so far."""
+    ids, mask = left_padded_batch(config.vocab_size, lengths, seed=seed)
     prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
     step = jax.jit(qwen2.decode_step, static_argnums=0)
     logits, cache = prefill(config, params, ids, mask, max_len)
@@ -90,6 +89,12 @@ def test_kv_cache_decode_equals_full_forward(tiny):
     for i, lg in enumerate(step_logits):
         np.testing.assert_allclose(lg, full[:, t0 - 1 + i], atol=2e-4, err_msg=f"step {i}")
     np.testing.assert_array_equal(np.asarray(cache["lengths"]), mask.sum(1) + steps)
+
+
+def test_kv_cache_decode_equals_full_forward(tiny):
+    """Prefill left-padded prompts, decode 20 greedy tokens, compare every step to a full forward."""
+    _, _, config, params = tiny
+    _check_greedy_decode_equals_full_forward(config, params, [9, 4, 6], seed=2, steps=20, max_len=40)
 
 
 def test_extend_appends_at_each_rows_own_offset(tiny):
@@ -160,23 +165,10 @@ def test_blocked_decode_attention_equals_numpy_and_ignores_the_span():
 
 
 def test_kv_cache_decode_over_a_long_cache_equals_full_forward(tiny):
-    """Greedy decoding in a 512-slot cache (the blocked CPU attention) crosses block boundaries at each
-    row's own step and matches a full forward at every step."""
+    """The same in a 512-slot cache (the blocked CPU decode attention): rows cross block boundaries at their
+    own steps (row 0 slot 128, row 2 slot 256)."""
     _, _, config, params = tiny
-    ids, mask = left_padded_batch(config.vocab_size, [120, 5, 250], seed=5)
-    prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
-    step = jax.jit(qwen2.decode_step, static_argnums=0)
-    logits, cache = prefill(config, params, ids, mask, 512)
-    seq, seq_mask, step_logits = ids, mask, [np.asarray(logits)]
-    for _ in range(12):  # row 0 crosses slot 128, row 2 slot 256
-        tok = np.asarray(jnp.argmax(logits, -1))
-        seq = np.concatenate([seq, tok[:, None]], 1)
-        seq_mask = np.concatenate([seq_mask, np.ones_like(tok)[:, None]], 1)
-        logits, cache = step(config, params, cache, tok)
-        step_logits.append(np.asarray(logits))
-    full = np.asarray(qwen2.forward(config, params, seq, seq_mask))
-    for i, lg in enumerate(step_logits):
-        np.testing.assert_allclose(lg, full[:, ids.shape[1] - 1 + i], atol=2e-4, err_msg=f"step {i}")
+    _check_greedy_decode_equals_full_forward(config, params, [120, 5, 250], seed=5, steps=12, max_len=512)
 
 
 def test_token_logprobs_equal_numpy_log_softmax(tiny):
