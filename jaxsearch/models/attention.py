@@ -1,5 +1,5 @@
 """Grouped-query attention over a key/value context: the dense form (prefill, training, accelerators) and
-the CPU decode forms (one query per row over the KV cache as laid out, block by block over a long cache).
+the CPU decode form (one query per row over the KV cache as laid out).
 
 Shapes: q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head j reads kv head j // (H / K));
 mask [B, T, S] bool (True = the query sees that key). Scores and softmax in fp32.
@@ -31,55 +31,7 @@ def attend(q, k, v, mask, chunk: int = 0):
     return _attend_dense(q, k, v, mask, chunk)
 
 
-# keys per block of the CPU decode attention over long caches; below 4 blocks the one-pass form is as fast
-# (the loop's own cost outweighs the keys it skips: bench/RESULTS.md, issue 17)
-DECODE_BLOCK = 128
-
-
 def attend_decode_cpu(q, k, v, mask):
-    """`attend` for one query per row on CPU: a cache of 4 blocks or more is read block by block up to the
-    longest row's last valid key (`_attend_blocks`), a shorter one whole."""
-    s = k.shape[1]
-    if s % DECODE_BLOCK == 0 and s >= 4 * DECODE_BLOCK:
-        return _attend_blocks(q, k, v, mask, DECODE_BLOCK)
-    return _attend_whole_cache(q, k, v, mask)
-
-
-def _attend_blocks(q, k, v, mask, block: int):
-    """Online softmax over `block`-key slices, as many as the longest row needs: the cost of a step follows
-    the rows' lengths, not the cache's. Every block runs the same compiled loop body, and a block beyond a
-    row's keys leaves its running max, sum and output exactly as they were, so a row's result does not depend
-    on the other rows, the batch or the cache length (decode slots stay token-identical to lockstep)."""
-    b, _, h, d = q.shape
-    s, kvh = k.shape[1], k.shape[2]
-    g = h // kvh
-    q = q.reshape(b, kvh, g, d).astype(jnp.float32) * (d**-0.5)
-    mask = mask[:, 0]  # [B, S]
-    used = jnp.max(jnp.where(mask, jnp.arange(1, s + 1), 0))  # keys up to the last valid one of any row
-
-    def block_step(i, carry):
-        m, total, out = carry  # running max [B, K, G], sum of exp [B, K, G], unnormalised output [B, K, G, D]
-        kb, vb, mb = (jax.lax.dynamic_slice_in_dim(x, i * block, block, axis=1) for x in (k, v, mask))
-        mb = mb[:, :, None, None]
-        scores = jnp.where(mb, jnp.sum(q[:, None] * kb[:, :, :, None, :].astype(jnp.float32), -1), NEG)
-        m_new = jnp.maximum(m, jnp.max(scores, axis=1))  # [B, blk, K, G] -> [B, K, G]
-        p = jnp.where(mb, jnp.exp(scores - m_new[:, None]), 0.0)
-        scale = jnp.exp(m - m_new)  # 1 exactly where the block held nothing new
-        total = total * scale + jnp.sum(p, axis=1)
-        out = out * scale[..., None] + jnp.sum(p[..., None] * vb[:, :, :, None, :].astype(jnp.float32), axis=1)
-        return m_new, total, out
-
-    init = (
-        jnp.full((b, kvh, g), NEG, jnp.float32),
-        jnp.zeros((b, kvh, g), jnp.float32),
-        jnp.zeros((b, kvh, g, d), jnp.float32),
-    )
-    _, total, out = jax.lax.fori_loop(0, (used + block - 1) // block, block_step, init)
-    # every query sees slot 0 at least (extend's mask), so total > 0
-    return (out / total[..., None]).reshape(b, 1, h, d).astype(v.dtype)
-
-
-def _attend_whole_cache(q, k, v, mask):
     """`attend` for one query per row as multiply-reduce over the cache in its own [B, S, K, D] layout. The
     batched-matmul form makes XLA:CPU transpose both caches of every layer at every decode step (the matmuls
     want [B, K, S, D]); this one reads them as they are: 4 fused ops per layer fewer, ~10% more tokens/s at
