@@ -9,8 +9,8 @@ RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
 PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
 GRAPH_REV=21f7e9a   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures
-ENGINE_REV=614d85d  # engine/: the main job with issue 17's engine (decode slots sharing a group's prefill, the
-#                     blocked CPU decode attention) against papers_settings/tiny_cpu
+ENGINE_REV=de36fb8  # engine/: the main job with issue 17's engine as on main (decode slots sharing a group's
+#                     prefill) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
   git -C "$RECORDS/../.." worktree prune
   [ -d "$2" ] || git -C "$RECORDS/../.." worktree add -q "$2" "$1"
