@@ -1,5 +1,5 @@
 """Milliseconds per decode step of the tiny searcher's decode call, by cache length and rows: how a step's cost
-follows the cache (the whole cache, or only the blocks the rows use).
+follows the cache length when the rows use only a little of it.
 
   python bench/decode_call.py [--caches 256 512 1024] [--rows 10 50] [--prompt 110] [--steps 32] [--reps 5]
 

@@ -23,8 +23,7 @@ def attend(q, k, v, mask, chunk: int = 0):
     body is rematerialised, so only one chunk's [B, H, chunk, S] scores are live, forward or backward.
     A decode step (T = 1) compiled for CPU takes `attend_decode_cpu`.
     """
-    b, t, h, d = q.shape
-    if t == 1 and chunk == 0:
+    if q.shape[1] == 1 and chunk == 0:
         return jax.lax.platform_dependent(
             q, k, v, mask, cpu=attend_decode_cpu, default=functools.partial(_attend_dense, chunk=0)
         )
