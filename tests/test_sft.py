@@ -89,7 +89,7 @@ def expected_policy(name, trace):
             out.append(f"<think> {need} </think>\n<search> {s.text} </search>")
     a = answer.text
     if name == "graph_r1":
-        out.append(f"The answer is {a}.\n</think>\n<answer>\n{a}\n</answer>")
+        out.append(f"The answer is {a}.\n</think>\n<answer> {a} </answer>")
     elif name == "rsearch":
         facts = " ".join(s.fact for s in searches)
         out.append(f"The answer is {a}.\n<evidence> {facts} </evidence>\n<answer> {a} </answer>")
@@ -200,8 +200,8 @@ def test_pad_sft_batch_right_pads():
 
 
 def test_sft_dataset_leaves_out_long_examples_and_batches_deterministically(world, tokenizer, retriever):
-    every = sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000)
-    short = sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 256)
+    every = sft_dataset(world, "train", get_protocol("search_r1"), tokenizer, retriever, 1, 10_000)
+    short = sft_dataset(world, "train", get_protocol("search_r1"), tokenizer, retriever, 1, 256)
     assert len(every) == len(world.questions["train"])
     assert short == [e for e in every if len(e.ids) <= 256] and 0 < len(short) < len(every)
     first = [next(sft_batches(short, 4, 256, seed=3)) for _ in range(2)]

@@ -10,12 +10,15 @@ import sys
 import numpy as np
 import pytest
 
+from jaxsearch.agent.build import build_protocol
+from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.data import qa
 from jaxsearch.data.sft import early_stop_trace, sft_dataset
 from jaxsearch.data.world.generator import generate_world, world_config
 from jaxsearch.data.world.oracle import WorldChatModel, read_answer, read_facts, solution_trace
 from jaxsearch.rl import pipeline, rewards
 
+SEARCH_R1 = get_protocol("search_r1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the configs package
 TRAIN = os.path.join(ROOT, "launch", "train.py")
@@ -113,7 +116,7 @@ def sft_inputs(world, tmp_path_factory):
 
 def test_sft_dataset_carries_the_early_stop_mistake_of_chain_questions(world, sft_inputs):
     tokenizer, retriever = sft_inputs
-    args = (world, "train", "search_r1", tokenizer, retriever, 1, 10_000)
+    args = (world, "train", SEARCH_R1, tokenizer, retriever, 1, 10_000)
     plain = sft_dataset(*args, questions=20)
     with_mistakes = sft_dataset(*args, mistake="early_stop", questions=20)
     assert len(plain) == len(with_mistakes) == 20 and all(e.mistake is None for e in plain)
@@ -140,7 +143,7 @@ def test_p0_trace_skips_the_leading_searches_that_p0_holds(world, sft_inputs):
     assert p0_trace([a, b, c, answer], {"p0", "p1", "p2"}) == [answer]  # P0 answers it: no search
     assert p0_trace([a, b, c, answer], {"p1"}) == [a, b, c, answer]  # only a leading run is skipped
     tokenizer, retriever = sft_inputs
-    args = (world, "train", "eka", tokenizer, retriever, 1, 10_000)
+    args = (world, "train", get_protocol("eka"), tokenizer, retriever, 1, 10_000)
     plain, with_p0 = sft_dataset(*args, questions=12), sft_dataset(*args, questions=12, use_p0=True)
     p0 = retriever.search([q.question for q in world.questions["train"][:12]], 1)
     skipped = 0
@@ -153,7 +156,7 @@ def test_p0_trace_skips_the_leading_searches_that_p0_holds(world, sft_inputs):
         skipped += lead
     assert skipped > 0
     with pytest.raises(ValueError, match="use_p0 is EKA's"):
-        sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000, questions=2, use_p0=True)
+        sft_dataset(world, "train", SEARCH_R1, tokenizer, retriever, 1, 10_000, questions=2, use_p0=True)
 
 
 def test_sft_dataset_verbose_answer_mistake_differs_only_in_the_answer_tag(world, sft_inputs):
@@ -161,7 +164,7 @@ def test_sft_dataset_verbose_answer_mistake_differs_only_in_the_answer_tag(world
     from jaxsearch.rl.rewards import extract_answer
 
     tokenizer, retriever = sft_inputs
-    args = (world, "train", "search_r1", tokenizer, retriever, 1, 10_000)
+    args = (world, "train", SEARCH_R1, tokenizer, retriever, 1, 10_000)
     plain = sft_dataset(*args, questions=12)
     verbose = sft_dataset(*args, mistake="verbose_answer", questions=12)
     for question, a, b in zip(world.questions["train"], plain, verbose):
@@ -179,7 +182,7 @@ def test_sft_dataset_verbose_answer_mistake_differs_only_in_the_answer_tag(world
 def test_sft_dataset_no_search_mistake_answers_another_questions_answer(world, sft_inputs):
     tokenizer, retriever = sft_inputs
     train = world.questions["train"]
-    examples = sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000, mistake="no_search")
+    examples = sft_dataset(world, "train", SEARCH_R1, tokenizer, retriever, 1, 10_000, mistake="no_search")
     assert len(examples) == 400 and all(e.mistake is not None for e in examples)
     for i in (0, 7, 399):
         other = (i + 1 + int(np.random.default_rng([i]).integers(399))) % 400
@@ -195,7 +198,7 @@ def test_sft_dataset_no_search_mistake_answers_another_questions_answer(world, s
             len(m.ids) - m.prompt_len
         )
     with pytest.raises(ValueError, match="unknown SFT mistake 'guess'"):
-        sft_dataset(world, "train", "search_r1", tokenizer, retriever, 1, 10_000, mistake="guess")
+        sft_dataset(world, "train", SEARCH_R1, tokenizer, retriever, 1, 10_000, mistake="guess")
 
 
 def test_sft_batches_draw_the_mistake_at_its_share_each_epoch():
@@ -228,18 +231,62 @@ def test_sft_batches_pad_to_the_longest_example_rounded_up():
     assert next(sft_batches(examples, 4, 16, seed=0))[0].shape == (4, 16)  # off: max_len
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu", "tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch"])
-def test_tiny_configs_cut_no_sft_trace(world, sft_inputs, name):
-    """Every training question's trace fits the config's sft.max_len and rollout.cache_len: a cut trace
-    would teach the searches of a long question but never its answer."""
-    import importlib
+TINY_CONFIGS = ["tiny_cpu", "tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch"]
+TINY_CONFIGS += ["tiny_cpu_graphr1", "tiny_cpu_eka_graphr1"]
 
-    cfg = importlib.import_module(f"configs.{name}").get_config()
-    tokenizer, retriever = sft_inputs
-    k = cfg.rollout.retrieval_k
-    full = sft_dataset(world, "train", cfg.protocol.name, tokenizer, retriever, k, 100_000)
-    longest = max(len(e.ids) for e in full)
-    assert len(full) == 400 and longest <= min(cfg.sft.max_len, cfg.rollout.cache_len), longest
+
+@pytest.fixture(scope="module")
+def shared_workdir(tmp_path_factory):
+    """One workdir for the configs of one world: its files and hypergraph are written once."""
+    return str(tmp_path_factory.mktemp("shared_workdir"))
+
+
+@pytest.mark.parametrize("name", TINY_CONFIGS)
+def test_tiny_configs_sft_traces_are_what_the_rl_stage_prompts_runs_and_parses(name, shared_workdir):
+    """The SFT start learns the RL stage's own agent: every training question's trace (under the config's
+    protocol, tags included, and its retriever) begins with the prompt the RL engine builds for the question,
+    fits sft.max_len and rollout.cache_len, keeps each policy segment and observation within the rollout's
+    limits (a cut segment loses its stop tag, a cut Graph-R1 observation its reopened <think>), and its
+    segments parse under the RL protocol as the trace's searches and then its answer. Graph-R1's reward scores
+    such a trace 1."""
+    from jaxsearch import parallel
+    from jaxsearch.agent.build import build_engine, build_retriever, load_tokenizer
+    from jaxsearch.config import RunConfig
+    from jaxsearch.data.sft import p0_trace
+    from jaxsearch.models.policy import model_config
+
+    cfg = RunConfig.from_dict(importlib.import_module(f"configs.{name}").get_config())
+    cfg = pipeline.prepare_world(cfg, shared_workdir)
+    world = generate_world(world_config(cfg.world.size, cfg.world.seed))
+    protocol, tokenizer = build_protocol(cfg.protocol), load_tokenizer(cfg.tokenizer)
+    retriever, r = build_retriever(cfg.retriever), cfg.rollout
+    traces = sft_dataset(world, "train", protocol, tokenizer, retriever, r.retrieval_k, 100_000)
+    questions = world.questions["train"]
+    assert len(traces) == len(questions) == 400
+    assert max(len(e.ids) for e in traces) <= min(cfg.sft.max_len, r.cache_len)
+
+    engine = build_engine(cfg, model_config(cfg.model), parallel.make_mesh({"fsdp": -1}))
+    rows = engine._start_rows([q.question for q in questions[:8]], None, {"retrieval": 0.0})
+    assert [e.ids[: e.prompt_len] for e in traces[:8]] == [row.prompt for row in rows]
+
+    for question, trace in zip(questions, traces):
+        mask = trace.loss_mask[trace.prompt_len : -1]  # the final EOS apart
+        ids = trace.ids[trace.prompt_len : -1]
+        cuts = [0] + [t for t in range(1, len(mask)) if mask[t] != mask[t - 1]] + [len(mask)]
+        runs = [(mask[a], ids[a:b]) for a, b in zip(cuts, cuts[1:])]
+        policy = [tokenizer.decode(run) for is_policy, run in runs if is_policy]
+        assert max(len(run) for is_policy, run in runs if is_policy) <= r.max_segment_tokens
+        assert max((len(run) for is_policy, run in runs if not is_policy), default=0) <= r.max_obs_tokens
+        steps = solution_trace(question, world)
+        if cfg.sft.use_p0:
+            steps = p0_trace(steps, {d.id for d in retriever.search([question.question], r.retrieval_k)[0]})
+        actions = [protocol.parse_action(text) for text in policy]
+        assert [(a.kind, a.content) for a in actions] == [
+            ("search" if s.action == "search" else "answer", s.text) for s in steps
+        ]
+        if protocol.segment_tags.get("<query>") == "search":  # Graph-R1's tags
+            response = tokenizer.decode(trace.ids[trace.prompt_len :])
+            assert rewards.graph_r1_score(response, question.golden_answers) == 1.0
 
 
 def test_rl_train_file_leaves_out_the_sft_questions(world, tmp_path):
@@ -281,15 +328,23 @@ def test_reader_answers_from_the_evidence_alone():
 
 
 def test_world_judge_grounded_when_the_answer_was_retrieved():
+    from jaxsearch.agent.protocols import GRAPH_R1_OBSERVATION
+    from jaxsearch.retrieval.base import Doc, graph_r1_result_string
     from jaxsearch.rl.judge import ChatJudge
 
     grounded = "<search> q </search>\n<information>Doc 1 Tobu Kes was born in Drath.</information>\n<answer> Drath </answer>"
     invented = "<think> I know it. </think>\n<answer> Drath </answer>"
     not_in_docs = "<search> Drath </search>\n<information>nothing</information>\n<answer> Drath </answer>"
-    responses = (grounded, invented, not_in_docs)
+    # Graph-R1's observations: the search server's JSON in a <knowledge> user turn
+    fact = [Doc("0", "", "Tobu Kes was born in Drath.")]
+    knowledge = GRAPH_R1_OBSERVATION.format(knowledge=graph_r1_result_string(fact))
+    graph_query = '<think>\nq\n</think>\n<query>\n{"query": "Tobu Kes"}\n</query>'
+    graph_grounded = f"{graph_query}{knowledge}Drath.\n</think>\n<answer>\nDrath\n</answer>"
+    graph_invented = graph_grounded.replace("Drath.\"", "Kesville.\"")
+    responses = (grounded, invented, not_in_docs, graph_grounded, graph_invented)
     samples = [rewards.RewardInput(r, ["Drath"], "Where was Tobu Kes born?") for r in responses]
     scores = rewards.judge_fabrication(ChatJudge(WorldChatModel()), samples)
-    assert scores.tolist() == [0.0, 1.0, 1.0]
+    assert scores.tolist() == [0.0, 1.0, 1.0, 0.0, 1.0]
 
 
 def test_world_reader_behind_r_search_evidence_reward():

@@ -18,7 +18,8 @@ see. Policy text is templated per step (Search-R1 layout shown; each protocol's 
 
 R-Search reasons in plain text and writes `<evidence>` (the trace's fact sentences) before `<answer>`;
 SOAR declares `<information_source> external </information_source>` before `<answer>`; Graph-R1 writes
-`<think>\\n...\\n</think>\\n<query>\\n{"query": ...}\\n</query>`, and its observation reopens `<think>\\n`.
+`<think>\\n...\\n</think>\\n<query>\\n{"query": ...}\\n</query>`, its observation reopens `<think>\\n`, and
+its answer is `<answer> {answer} </answer>` (see `policy_segments`).
 """
 
 from __future__ import annotations
@@ -118,8 +119,12 @@ def policy_segments(
     final = ANSWER.format(answer=answer.text)
     said = final if verbose_answer else answer.text
     if isinstance(protocol, GraphR1Protocol):
+        # " {said} ", not the prompt's "\n{said}\n": Graph-R1's format check and parser take either, and the
+        # world tokenizer has one token for " Drath" (as the knowledge reads it) and another for "Drath" (after a
+        # newline), so the newline layout asks the tiny model to map each answer word to an unrelated token
+        # (its SFT start then answered only in the sentence form, EM 0.00 on 40 held-out questions).
         think = "<think>\n" if not searches else ""
-        segments.append(f"{think}{final}\n</think>\n<answer>\n{said}\n</answer>")
+        segments.append(f"{think}{final}\n</think>\n<answer> {said} </answer>")
     elif isinstance(protocol, RSearchProtocol):
         evidence = " ".join(step.fact for step in searches)
         segments.append(f"{final}\n<evidence> {evidence} </evidence>\n<answer> {said} </answer>")
@@ -202,7 +207,7 @@ MISTAKES = ("early_stop", "no_search", "verbose_answer")
 def sft_dataset(
     world: World,
     split: str,
-    protocol_name: str,
+    protocol: AgentProtocol,
     tokenizer: Tokenizer,
     retriever: Retriever,
     k: int,
@@ -212,8 +217,9 @@ def sft_dataset(
     questions: int = 0,
     use_p0: bool = False,
 ) -> list[SFTExample]:
-    """The SFT trajectories of a split's questions, in split order. One longer than `max_len` is left out, or
-    with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, without its EOS).
+    """The SFT trajectories of a split's questions under `protocol`, in split order: the protocol the RL stage
+    runs (`agent.build.build_protocol`; EKA's tags decide its prompt and format). One longer than `max_len`
+    is left out, or with `truncate` cut to its first `max_len` tokens (a prefix of the trajectory, no EOS).
 
     `mistake`: the examples carry a mistaken trajectory of their question as `mistake`, which
     `sft_batches(mistake_share=)` draws in place of the ideal one, so the start sometimes errs as base models
@@ -227,11 +233,10 @@ def sft_dataset(
     """
     if mistake not in ("", *MISTAKES):
         raise ValueError(f"unknown SFT mistake {mistake!r}; known: {MISTAKES}")
-    protocol = get_protocol(protocol_name)
     examples = world.questions[split][: questions or None]
     contexts = protocol.initial_context([e.question for e in examples], retriever, k)
     if use_p0 and protocol.name != "eka":
-        raise ValueError(f"use_p0 is EKA's (P0), not {protocol_name!r}'s")
+        raise ValueError(f"use_p0 is EKA's (P0), not {protocol.name!r}'s")
     p0 = retriever.search([e.question for e in examples], k) if use_p0 else [[]] * len(examples)
     out = []
     for i, (example, context) in enumerate(zip(examples, contexts)):

@@ -23,7 +23,7 @@ import jax
 from jaxsearch import checkpoint
 from jaxsearch.config import RunConfig, TokenizerConfig
 from jaxsearch.files import atomic_write, atomic_write_text
-from jaxsearch.agent.build import build_retriever, load_tokenizer
+from jaxsearch.agent.build import build_protocol, build_retriever, load_tokenizer
 from jaxsearch.models.policy import model_config
 from jaxsearch.rl import trainer
 
@@ -134,7 +134,7 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     examples = sft_data.sft_dataset(
         world,
         "train",
-        cfg.protocol.name,
+        build_protocol(cfg.protocol),
         tokenizer,
         retriever,
         cfg.rollout.retrieval_k,

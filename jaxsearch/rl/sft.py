@@ -129,6 +129,7 @@ def train_tiny_searcher(
     seed, steps, `TINY_SEARCHER` and the source of the modules the result depends on, so a code change
     retrains. Delete the directory to retrain by hand.
     """
+    from jaxsearch.agent.protocols import get_protocol
     from jaxsearch.data import sft as sft_data
     from jaxsearch.data.world.generator import generate_world, world_config
     from jaxsearch.retrieval.factory import make_retriever
@@ -145,8 +146,9 @@ def train_tiny_searcher(
         return config, _load_params(config, out / "params.npz"), tokenizer, world, retriever
 
     hp = TINY_SEARCHER
+    protocol = get_protocol("search_r1")
     examples = sft_data.sft_dataset(
-        world, "train", "search_r1", tokenizer, retriever, hp["k"], hp["max_len"], hp["truncate"]
+        world, "train", protocol, tokenizer, retriever, hp["k"], hp["max_len"], hp["truncate"]
     )
     batches = sft_data.sft_batches(examples, hp["batch_size"], hp["max_len"], seed, tokenizer.pad_id)
     params = qwen2.init_params(config, jax.random.PRNGKey(seed))

@@ -137,12 +137,17 @@ def read_answer(question: str, evidence: str) -> str:
     return ""
 
 
+# Where a response holds what the retriever returned: Search-R1's (and SOAR's, R-Search's) observations, and
+# Graph-R1's (its `<knowledge>` turns; EKA's P0 `<knowledge>` is in the prompt, which the judge is not shown).
+OBSERVATION_TAGS = ("information", "knowledge")
+
+
 class WorldChatModel:
     """A rule-based chat model for the synthetic world (config `kind: world`), behind the model-backed rewards.
 
     - SOAR's fabrication judge (system message `rewards.FABRICATION_JUDGE_PROMPT`): grounded when the
-      trajectory's answer occurs in one of the `<information>` blocks it is shown (E_ext only), i.e. it was
-      read, not invented.
+      trajectory's answer occurs in one of the observation blocks it is shown (E_ext only; `<information>`, or
+      Graph-R1's `<knowledge>`), i.e. it was read, not invented.
     - SOAR's source-consistency judge (system message `rewards.SOURCE_CONSISTENCY_JUDGE_PROMPT`): consistent
       when the answer occurs in the declared source's text.
     - R-Search's evidence answerer (any other conversation, R-Search's evidence template): `read_answer`
@@ -164,9 +169,8 @@ class WorldChatModel:
         if system == rewards.FABRICATION_JUDGE_PROMPT:
             response = prompt.split("\n\nModel reasoning:\n", 1)[-1]
             answer = rewards.extract_answer(response)
-            grounded = bool(answer) and any(
-                answer_in_text(o, [answer]) for o in rewards.observations(response)
-            )
+            retrieved = [o for tag in OBSERVATION_TAGS for o in rewards.observations(response, tag)]
+            grounded = bool(answer) and any(answer_in_text(o, [answer]) for o in retrieved)
             reason = (
                 "the answer is in the retrieved information" if grounded else "the answer is not retrieved"
             )
