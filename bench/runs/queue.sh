@@ -8,7 +8,8 @@ set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
 PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
-GRAPH_REV=21f7e9a   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures
+GRAPH_REV=1f75269   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures (graph_r1_21f7e9a/: the
+#                     runs before EKA's SFT start took its Graph-R1 tags)
 ENGINE_REV=de36fb8  # engine/: the main job with issue 17's engine as on main (decode slots sharing a group's
 #                     prefill) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
@@ -42,7 +43,7 @@ worktree $PAPERS_REV "$PAPERS"
 worktree $GRAPH_REV "$GRAPH"
 worktree $ENGINE_REV "$ENGINE"
 # what closes an issue first: the papers' settings (14, 16), the Graph-R1 miniatures (18), the engine's curves
-# (17), then the P0 study's seeds 1-2 (seed 0 is in RESULTS)
+# (17), then the P0 study's seeds (seed 0 of an earlier commit is in RESULTS)
 for cfg in tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_ppo tiny_cpu_soar; do
   for seed in 0 1 2; do one "$PAPERS" papers_settings configs/$cfg.py $seed; done
 done
