@@ -144,6 +144,7 @@ def get_config() -> ml_collections.ConfigDict:
     # questions are SFT's, the rest RL's (0: both use all).
     c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False)
     c.sft.update(dict(mistake="", mistake_share=0.0, questions=0))
+    c.sft.save_every = 100  # a stopped SFT stage resumes from its last checkpoint (WORKDIR/sft/checkpoints)
     c.sft.pad_multiple = 0  # > 0: batches padded to their longest example rounded up to this, not max_len
     c.sft.use_p0 = (
         False  # EKA: ideal traces read from P0 what it holds instead of searching (data/sft.p0_trace)

@@ -178,6 +178,7 @@ class SftConfig:
     questions: int | None
     pad_multiple: int
     use_p0: bool
+    save_every: int = 100  # steps between the stage's checkpoints (WORKDIR/sft/checkpoints)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +305,7 @@ _CHECKS = {
     "algo.micro_batches": (lambda v: v >= 1, ">= 1"),
     "algo.ppo_epochs": (lambda v: v >= 1, ">= 1"),
     "rollout.cache_len": (lambda v: v >= 1, ">= 1"),
+    "sft.save_every": (lambda v: v >= 1, ">= 1"),
     "rollout.steps_per_call": (lambda v: v >= 1, ">= 1"),
     "rollout.temperature": (lambda v: v >= 0, ">= 0"),
     "rollout.eval_temperature": (lambda v: v >= 0, ">= 0"),

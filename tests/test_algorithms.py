@@ -155,7 +155,7 @@ def test_training_in_process_attributes_every_second_and_ppo_writes_its_own_dir(
 
     cfg = ml_collections.ConfigDict(tiny_cpu.get_config().to_dict())
     overrides = {
-        "total_steps": 2, "save_every": 1, "eval_every": 2, "sft.steps": 4, "data.batch_size": 2,
+        "total_steps": 2, "save_every": 1, "eval_every": 2, "sft.steps": 4, "sft.save_every": 2, "data.batch_size": 2,
         "data.group_size": 2, "data.eval_examples": 2, "rollout.max_turns": 1, "rollout.max_segment_tokens": 16,
         "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_hidden_layers": 1,
         "algo.advantage": "gae", "algo.mini_batches": 1, "algo.micro_batches": 1, "mesh": {"fsdp": 2, "tensor": 4},
@@ -166,6 +166,9 @@ def test_training_in_process_attributes_every_second_and_ppo_writes_its_own_dir(
     cfg.lock()
     pipeline.run(cfg, str(tmp_path), progress=False)
     assert not (tmp_path / "grpo").exists()
+    sft_rows = [json.loads(line) for line in open(tmp_path / "sft" / "metrics.jsonl")]
+    assert [r["step"] for r in sft_rows] == [1, 2, 3, 4]
+    assert os.path.isdir(tmp_path / "sft" / "params") and not (tmp_path / "sft" / "checkpoints").exists()
     rows = [json.loads(line) for line in open(tmp_path / "ppo" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows[1:]:

@@ -21,6 +21,7 @@ from jaxsearch.data.sft import (
     sft_dataset,
     sft_trajectory,
 )
+from jaxsearch.checkpoint import TrainCheckpointer
 from jaxsearch.data.world.generator import generate_world, world_config
 from jaxsearch.data.world.oracle import solution_trace
 from jaxsearch.models import qwen2
@@ -30,6 +31,7 @@ from jaxsearch.rl.sft import (
     make_sft_step,
     masked_nll,
     sft_optimizer,
+    sft_train,
     tiny_searcher_history,
     train_tiny_searcher,
 )
@@ -250,6 +252,55 @@ def test_sft_step_donates_and_is_deterministic():
     assert runs[0][0] == runs[1][0] and runs[0][0][-1] < runs[0][0][0]
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(a, b)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _batches(vocab: int, stop_after: int | None = None):
+    """A deterministic batch sequence (a new batch each step, as `sft_batches`); raises _Stop after
+    `stop_after` batches, like a process killed mid-run."""
+    rng = np.random.default_rng(3)
+    for n in range(10**6):
+        if n == stop_after:
+            raise _Stop
+        ids = rng.integers(0, vocab, (2, 12)).astype(np.int32)
+        yield ids, np.ones_like(ids), (ids % 2).astype(np.int32)
+
+
+def test_sft_train_resumes_from_its_checkpoint_to_the_same_params_and_losses(tmp_path):
+    config = tiny_config(vocab=19)
+    args = dict(steps=7, lr=1e-2, warmup=2, log_every=5, progress=False)
+
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    whole = TrainCheckpointer(tmp_path / "whole", save_every=3, max_to_keep=1)
+    params_whole, losses_whole = sft_train(config, params, _batches(19), checkpointer=whole, **args)
+    whole.close()
+    # saves at steps 3 and 6 (not 7: the caller writes the final params), keeping the newest
+    assert whole.all_steps() == [6]
+
+    stopped = TrainCheckpointer(tmp_path / "stopped", save_every=3, max_to_keep=1)
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    with pytest.raises(_Stop):  # killed while drawing step 5's batch: step 3's save is the newest
+        sft_train(config, params, _batches(19, stop_after=4), checkpointer=stopped, **args)
+    stopped.close()
+    assert stopped.all_steps() == [3]
+
+    # another init: only a restore of step 3's params and optimizer state can reproduce the whole run
+    resumed = TrainCheckpointer(tmp_path / "stopped", save_every=3, max_to_keep=1)
+    params = qwen2.init_params(config, jax.random.PRNGKey(1))
+    params_resumed, losses_resumed = sft_train(config, params, _batches(19), checkpointer=resumed, **args)
+    resumed.close()
+    assert len(losses_whole) == 7 and losses_resumed == losses_whole
+    for a, b in zip(jax.tree.leaves(params_whole), jax.tree.leaves(params_resumed)):
+        np.testing.assert_array_equal(a, b)
+
+    mismatched = TrainCheckpointer(tmp_path / "stopped", save_every=3, max_to_keep=1)
+    with pytest.raises(ValueError, match="step 6 with 6 losses does not belong to a run of 4 steps"):
+        sft_train(config, qwen2.init_params(config, jax.random.PRNGKey(0)), _batches(19),
+                  checkpointer=mismatched, **{**args, "steps": 4})  # fmt: skip
+    mismatched.close()
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,13 @@
 
     WORKDIR/world/   corpus.jsonl, train/dev/test.jsonl, tokenizer.json   (config.world.size set)
     WORKDIR/world/hypergraph/   the world's knowledge hypergraph          (and retriever.kind hypergraph)
-    WORKDIR/sft/     metrics.jsonl, params/ (orbax)                       (config.sft.steps > 0)
+    WORKDIR/sft/     metrics.jsonl, params/ (orbax); checkpoints/ until done (config.sft.steps > 0)
     WORKDIR/grpo/    metrics.jsonl, checkpoints/, tb/, params/            (GRPO; PPO runs write WORKDIR/ppo/)
     WORKDIR/config.json  the config as the RL stage runs it (`config.RunConfig`, paths resolved); a rerun
                          with another config keeps the earlier as config.N.json
 
-Each stage is skipped when its output is already complete, so rerunning the same command resumes.
+Each stage is skipped when its output is already complete, so rerunning the same command resumes; a stopped
+SFT or RL stage continues from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 
 from dataclasses import replace
 
@@ -155,13 +157,27 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     )
     config = model_config(cfg.model)
     params = qwen2.init_params(config, jax.random.PRNGKey(cfg.seed))
+    # WORKDIR/sft/checkpoints: a stopped SFT stage continues from its last save (removed once params/ is written)
+    ckpt = checkpoint.TrainCheckpointer(out, save_every=cfg.sft.save_every, max_to_keep=1)
     params, losses = sft_lib.sft_train(
-        config, params, batches, cfg.sft.steps, cfg.sft.lr, cfg.sft.warmup, log_every=10, progress=progress
+        config,
+        params,
+        batches,
+        cfg.sft.steps,
+        cfg.sft.lr,
+        cfg.sft.warmup,
+        log_every=10,
+        progress=progress,
+        checkpointer=ckpt,
     )
-    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
-        for step, loss in enumerate(losses, start=1):
-            f.write(json.dumps({"step": step, "sft/loss": loss}) + "\n")
+    ckpt.close()
+    atomic_write_text(
+        os.path.join(out, "metrics.jsonl"),
+        "".join(json.dumps({"step": step, "sft/loss": loss}) + "\n" for step, loss in enumerate(losses, start=1)),
+    )
     checkpoint.save_params(params_dir, config, params)
+    if jax.process_index() == 0:
+        shutil.rmtree(ckpt.directory, ignore_errors=True)
     return params_dir
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from jaxsearch.checkpoint import TrainCheckpointer
 from jaxsearch.files import atomic_write, atomic_write_text
 from jaxsearch.models import qwen2
 
@@ -74,27 +75,50 @@ def sft_train(
     warmup: int,
     log_every: int,
     progress: bool = True,
+    checkpointer: TrainCheckpointer | None = None,
 ) -> tuple[object, list[float]]:
     """`steps` SFT steps over (ids, attention_mask, loss_mask) [B, T] batches (`data.sft.sft_batches`).
 
     Returns the trained params and the loss of every step. `params` is donated to the first step: do not use
     the array passed in afterwards. The progress bar shows the loss every `log_every` steps.
+
+    `checkpointer`: params, optimizer state and the losses so far are saved at its save steps, and a run
+    that finds a checkpoint there continues from the newest one: the batches it had consumed are drawn again
+    and dropped (`batches_iter` must be the same deterministic sequence), so a resumed run ends with the
+    params and losses of one that was never stopped, bit for bit.
     """
     optimizer = sft_optimizer(lr, warmup, steps)
     step = make_sft_step(config, optimizer)
     opt_state = optimizer.init(params)
-    losses, pending = [], []
+    start, losses, pending = 0, [], []
+    if checkpointer is not None:
+        restored = checkpointer.restore_latest({"params": params, "opt_state": opt_state})
+        if restored is not None:
+            start, state, meta = restored
+            params, opt_state, losses = state["params"], state["opt_state"], list(meta["losses"])
+            if start > steps or len(losses) != start:
+                raise ValueError(
+                    f"{checkpointer.directory}: a checkpoint of step {start} with {len(losses)} losses does not"
+                    f" belong to a run of {steps} steps"
+                )
     batches = iter(batches_iter)
-    with tqdm(total=steps, desc="sft", disable=not progress) as bar:
-        for i in range(steps):
+    for _ in range(start):
+        next(batches)
+    with tqdm(total=steps, initial=start, desc="sft", disable=not progress) as bar:
+        for i in range(start, steps):
             ids, attention_mask, loss_mask = next(batches)
             params, opt_state, metrics = step(params, opt_state, ids, attention_mask, loss_mask)
             pending.append(metrics["loss"])
-            if (i + 1) % log_every == 0 or i + 1 == steps:
+            saving = checkpointer is not None and checkpointer.should_save(i + 1) and i + 1 < steps
+            if (i + 1) % log_every == 0 or i + 1 == steps or saving:
                 losses += [float(x) for x in jax.device_get(pending)]
                 pending = []
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if saving:
+                checkpointer.save(i + 1, {"params": params, "opt_state": opt_state}, {"losses": losses})
             bar.update(1)
+    if checkpointer is not None:
+        checkpointer.wait()
     return params, losses
 
 
