@@ -43,11 +43,13 @@ def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
     cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--config={config}"]
     cmd += [f"--config.seed={seed}", f"--workdir={workdir}", "--progress=false", *extra]
     print(" ".join(cmd[1:]), flush=True)
+    # a stopped run resumes from its checkpoints: its wall time is then this invocation's only, and says so
+    resumed = any(os.path.exists(os.path.join(workdir, d)) for d in ("sft/checkpoints", "sft/params", "grpo", "ppo"))
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     seconds = time.perf_counter() - start
     with open(os.path.join(workdir, "wall_s.json"), "w") as f:
-        json.dump({"wall_s": seconds}, f)
+        json.dump({"wall_s": seconds, **({"resumed": True} if resumed else {})}, f)
     return seconds
 
 
@@ -98,10 +100,11 @@ def row(name: str, workdirs: list[str]) -> str:
         )
     gains = [b["eval/synthetic/em"] - a["eval/synthetic/em"] for a, b in zip(firsts, lasts)]
     cells.append(mean_std(gains))
-    walls = []
+    walls = []  # a resumed run's wall time is its last invocation's only: not a run's time, left out
     for w in workdirs:
         path = os.path.join(w, "wall_s.json")
-        walls.append(json.load(open(path))["wall_s"] / 60 if os.path.exists(path) else float("nan"))
+        wall = json.load(open(path)) if os.path.exists(path) else {}
+        walls.append(wall["wall_s"] / 60 if "wall_s" in wall and not wall.get("resumed") else float("nan"))
     cells.append(mean_std(walls, 1))
     return "| " + " | ".join(cells) + " |"
 
