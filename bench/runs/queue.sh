@@ -2,14 +2,15 @@
 # Runs the tiny-world variants over seeds 0-2, each set with the code of its commit (a worktree per commit under
 # $OUT), workdirs under $OUT, and copies each finished run's records into this directory; a run whose records
 # are here is skipped, so a new machine continues where the last one stopped:
-#   OUT=/tmp/b17 nohup bench/runs/queue.sh > /tmp/queue.out 2>&1 &
+#   OUT=/tmp/b17 setsid nohup bench/runs/queue.sh > /tmp/queue.out 2>&1 < /dev/null &
 # Started twice, two workers share the queue (each run is locked by the worker that runs it).
 set -u
 RECORDS=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/b17}
 PAPERS_REV=a55b3ca  # papers_settings/, papers_settings_p0/: issues 14 and 16
-GRAPH_REV=1f75269   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures (graph_r1_21f7e9a/: the
-#                     runs before EKA's SFT start took its Graph-R1 tags)
+GRAPH_REV=8704de9   # graph_r1/: issue 18's Graph-R1 and EKA-on-Graph-R1 miniatures (graph_r1_21f7e9a/: the
+#                     runs before EKA's SFT start took its Graph-R1 tags); 1f75269's fixes plus SFT checkpoints,
+#                     so a run stopped with the machine continues where it was
 ENGINE_REV=de36fb8  # engine/: the main job with issue 17's engine as on main (decode slots sharing a group's
 #                     prefill) against papers_settings/tiny_cpu
 worktree() {  # REV DIR
