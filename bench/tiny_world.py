@@ -44,7 +44,7 @@ def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
     cmd += [f"--config.seed={seed}", f"--workdir={workdir}", "--progress=false", *extra]
     print(" ".join(cmd[1:]), flush=True)
     # a stopped run resumes from its checkpoints: its wall time is then this invocation's only, and says so
-    resumed = any(os.path.exists(os.path.join(workdir, d)) for d in ("sft/checkpoints", "sft/params", "grpo", "ppo"))
+    resumed = os.path.exists(os.path.join(workdir, "sft")) or os.path.exists(rl_dir(workdir))
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     seconds = time.perf_counter() - start
