@@ -23,6 +23,9 @@ from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, normal
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
 from jaxsearch.agent import segments
 
+# pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
+pytestmark = pytest.mark.xdist_group("evaluate")
+
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "launch" / "eval.py"
 SAMPLES = sorted(p.name for p in (ROOT / "tests" / "data" / "qa").iterdir())

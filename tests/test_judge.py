@@ -172,9 +172,9 @@ def test_retries_until_a_late_server_is_up():
     late = FakeOpenAI()
     holder = {}
     timer = threading.Timer(0.8, lambda: holder.update(server=serve(late.app, port)))
+    start = time.monotonic()  # before the timer: the server is up no sooner than 0.8 s after this
     timer.start()
     model = J.OpenAIChatModel(f"http://127.0.0.1:{port}", MODEL, retries=8, backoff=0.1)
-    start = time.monotonic()
     try:
         assert echoed(model.chat([user("late")], 8, 0.0)[0]) == "late"
         assert time.monotonic() - start >= 0.8

@@ -16,7 +16,7 @@ from jaxsearch.models import hf_io
 from net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_S = 300
+TIMEOUT_S = 900  # a hang's bound, not a speed test: pytest-xdist runs another test beside these processes
 
 
 def start_workers(out_dir: str) -> list[tuple[subprocess.Popen, str]]:

@@ -19,6 +19,9 @@ sys.path.insert(0, NOTEBOOKS)
 
 import runs  # noqa: E402
 
+# pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
+pytestmark = pytest.mark.xdist_group("notebooks")
+
 TRAIN_FLAGS = [
     "--config=configs/tiny_cpu.py",
     "--progress=false",
@@ -125,7 +128,7 @@ def _execute(runs_map, out_dir, monkeypatch):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook cleared"
     NotebookClient(
-        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": NOTEBOOKS}}
+        nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": NOTEBOOKS}}
     ).execute()
     text = "\n".join(
         o.get("text", "")

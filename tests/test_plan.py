@@ -31,7 +31,7 @@ TINY = [
 def run_plan(*args):
     cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "configs/search_r1_7b.py"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -20,7 +20,7 @@ BUILD = [sys.executable, os.path.join(ROOT, "launch", "build_index.py"), "--no-p
 
 
 def run_build(*args):
-    return subprocess.run(BUILD + list(args), capture_output=True, text=True, timeout=120)
+    return subprocess.run(BUILD + list(args), capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture

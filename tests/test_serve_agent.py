@@ -18,6 +18,9 @@ import pytest
 from jaxsearch import parallel
 from tiny_models import save_tiny_searcher
 
+# pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
+pytestmark = pytest.mark.xdist_group("serve_agent")
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "launch" / "serve_agent.py"
 MAX_BATCH = 8
@@ -292,7 +295,7 @@ def test_a_question_too_long_for_the_cache_fails_alone(served):
 # ------------------------------------------------------------------------------------------- CLI
 
 
-def cli(*args, timeout=120):
+def cli(*args, timeout=600):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
     return subprocess.run(
         [sys.executable, str(SERVE), *map(str, args)],

@@ -10,6 +10,9 @@ import time
 import numpy as np
 import pytest
 
+# pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
+pytestmark = pytest.mark.xdist_group("trainer")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
 # a very small run: 6 GRPO steps of 4 questions x 2 samples, checkpoint every 2 steps, 10 SFT steps

@@ -11,6 +11,7 @@ that really searches, for tests of the rollout code. It caches the result on dis
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -149,7 +150,8 @@ def train_tiny_searcher(
 
     Returns (config, params, tokenizer, world, retriever). Deterministic in (seed, steps). Cached on disk under
     `cache_dir`, default `$JAXSEARCH_TEST_CACHE` or `~/.cache/jaxsearch-tests/`, in `tiny-searcher-{key}/`
-    (params.npz, history.json and the world's corpus.jsonl that the BM25 retriever reads); the key hashes
+    (params.npz, history.json, the world's corpus.jsonl that the BM25 retriever reads, and a lock file that
+    concurrent callers wait on while one trains); the key hashes
     seed, steps, `TINY_SEARCHER` and the source of the modules the result depends on, so a code change
     retrains. Delete the directory to retrain by hand.
     """
@@ -162,25 +164,28 @@ def train_tiny_searcher(
     tokenizer = sft_data.build_world_tokenizer(world)
     config = tiny_searcher_config(tokenizer.vocab_size)
     out = _cache_dir(seed, steps, cache_dir)
-    if not (out / "corpus.jsonl").exists():
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "corpus.jsonl", lambda path: _write_corpus(world, path))
-    retriever = make_retriever("bm25", corpus=str(out / "corpus.jsonl"), progress=False)
-    if (out / "params.npz").exists():
-        return config, _load_params(config, out / "params.npz"), tokenizer, world, retriever
+    out.mkdir(parents=True, exist_ok=True)
+    # held while checking and training: concurrent callers (pytest-xdist workers) train it once, the others wait
+    with open(out / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "corpus.jsonl").exists():
+            atomic_write(out / "corpus.jsonl", lambda path: _write_corpus(world, path))
+        retriever = make_retriever("bm25", corpus=str(out / "corpus.jsonl"), progress=False)
+        if (out / "params.npz").exists():
+            return config, _load_params(config, out / "params.npz"), tokenizer, world, retriever
 
-    hp = TINY_SEARCHER
-    protocol = get_protocol("search_r1")
-    examples = sft_data.sft_dataset(
-        world, "train", protocol, tokenizer, retriever, hp["k"], hp["max_len"], hp["truncate"]
-    )
-    batches = sft_data.sft_batches(examples, hp["batch_size"], hp["max_len"], seed, tokenizer.pad_id)
-    params = qwen2.init_params(config, jax.random.PRNGKey(seed))
-    start = time.perf_counter()
-    params, losses = sft_train(config, params, batches, steps, hp["lr"], hp["warmup"], 25, progress)
-    history = {"loss": losses, "seconds": time.perf_counter() - start, "examples": len(examples)}
-    atomic_write_text(out / "history.json", json.dumps(history))
-    atomic_write(out / "params.npz", lambda path: _save_params(params, path))
+        hp = TINY_SEARCHER
+        protocol = get_protocol("search_r1")
+        examples = sft_data.sft_dataset(
+            world, "train", protocol, tokenizer, retriever, hp["k"], hp["max_len"], hp["truncate"]
+        )
+        batches = sft_data.sft_batches(examples, hp["batch_size"], hp["max_len"], seed, tokenizer.pad_id)
+        params = qwen2.init_params(config, jax.random.PRNGKey(seed))
+        start = time.perf_counter()
+        params, losses = sft_train(config, params, batches, steps, hp["lr"], hp["warmup"], 25, progress)
+        history = {"loss": losses, "seconds": time.perf_counter() - start, "examples": len(examples)}
+        atomic_write_text(out / "history.json", json.dumps(history))
+        atomic_write(out / "params.npz", lambda path: _save_params(params, path))
     return config, params, tokenizer, world, retriever
 
 
