@@ -26,6 +26,13 @@ import pytest
 from net import free_port
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `slow` first, otherwise in collection order: pytest-xdist hands out tests in this order
+    (after the modules kept on one worker), so the longest ones start early instead of holding one worker
+    while the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def in_process_server():
     """Run `retrieval.server.create_app(retriever, "test", **options)` with uvicorn in a thread; yields a function

@@ -147,6 +147,7 @@ def test_ppo_batches_hold_gae_over_the_critic_with_the_kl_in_the_reward():
     assert np.isfinite(metrics["critic/vf_loss"]) and int(state["critic"].step) == 4
 
 
+@pytest.mark.slow  # started first under pytest-xdist (conftest)
 def test_training_in_process_attributes_every_second_and_ppo_writes_its_own_dir(tmp_path):
     """The whole pipeline in this process (tiny world, SFT, 2 PPO steps): metrics under ppo/, and each logged
     step's sections plus `time/other_s` add up to `time/step_s`."""

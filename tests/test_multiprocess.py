@@ -9,6 +9,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 import multiprocess_worker as worker
 from jaxsearch import checkpoint, parallel
@@ -64,6 +65,7 @@ def wait_workers(procs) -> None:
         raise AssertionError(f"multi-process workers failed or timed out after {TIMEOUT_S} s:{logs}")
 
 
+@pytest.mark.slow  # started first under pytest-xdist (conftest)
 def test_two_processes_match_one_process(tmp_path):
     out_dir = str(tmp_path)
     procs = start_workers(out_dir)

@@ -30,6 +30,7 @@ def small_corpus(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow  # started first under pytest-xdist (conftest)
 def test_killed_dense_build_keeps_previous_index_and_resumes(tmp_path, small_corpus):
     out = str(tmp_path / "index")
     done = run_build("--corpus", small_corpus, "--retriever", "bm25", "--out", out)

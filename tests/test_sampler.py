@@ -212,6 +212,7 @@ def test_sampling_of_a_row_does_not_depend_on_its_batch(model):
     np.testing.assert_array_equal(both.tokens[1], alone.tokens[0])
 
 
+@pytest.mark.slow  # started first under pytest-xdist (conftest)
 def test_multi_turn_appends_match_forward_and_compile_nothing_new(model):
     """4 turns of decode + append with varied observation lengths; a second batch reuses every compile."""
     _, config, params = model

@@ -45,8 +45,9 @@ def world():
 
 
 # tiny_cpu itself runs in tests/test_notebooks.py and tests/test_trainer.py
+@pytest.mark.slow  # started first under pytest-xdist (conftest), the longest job first
 @pytest.mark.parametrize(
-    "name", ["tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_rsearch", "tiny_cpu_ppo", "tiny_cpu_eka_graphr1"]
+    "name", ["tiny_cpu_eka_graphr1", "tiny_cpu_eka", "tiny_cpu_soar", "tiny_cpu_ppo", "tiny_cpu_rsearch"]
 )
 def test_tiny_config_runs_a_shortened_main_job(name, tmp_path):
     workdir = str(tmp_path / name)

@@ -169,6 +169,7 @@ def test_update_width_rounds_the_last_attended_column_up():
     np.testing.assert_array_equal(pad_to(x, 2), [[0, 1], [3, 4]])
 
 
+@pytest.mark.slow  # started first under pytest-xdist (conftest)
 def test_loss_does_not_depend_on_right_padding():
     """An update batch cut to `update_width` columns scores exactly what the cache-wide one does."""
     batch = make_batch(seed=3)  # rows end by column 24
