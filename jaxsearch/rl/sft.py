@@ -151,9 +151,8 @@ def train_tiny_searcher(
     Returns (config, params, tokenizer, world, retriever). Deterministic in (seed, steps). Cached on disk under
     `cache_dir`, default `$JAXSEARCH_TEST_CACHE` or `~/.cache/jaxsearch-tests/`, in `tiny-searcher-{key}/`
     (params.npz, history.json, the world's corpus.jsonl that the BM25 retriever reads, and a lock file that
-    concurrent callers wait on while one trains); the key hashes
-    seed, steps, `TINY_SEARCHER` and the source of the modules the result depends on, so a code change
-    retrains. Delete the directory to retrain by hand.
+    concurrent callers wait on while one trains); the key hashes seed, steps, `TINY_SEARCHER` and the source
+    of the modules the result depends on, so a code change retrains. Delete the directory to retrain by hand.
     """
     from jaxsearch.agent.protocols import get_protocol
     from jaxsearch.data import sft as sft_data
@@ -165,7 +164,7 @@ def train_tiny_searcher(
     config = tiny_searcher_config(tokenizer.vocab_size)
     out = _cache_dir(seed, steps, cache_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # held while checking and training: concurrent callers (pytest-xdist workers) train it once, the others wait
+    # held while checking and training: concurrent callers (pytest-xdist workers) train it once, the rest wait
     with open(out / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "corpus.jsonl").exists():
