@@ -57,8 +57,7 @@ def piece_table(vocab, stops, eos_ids=()):
     return S.StopTable.from_arrays(table, lengths, stops, eos_ids)
 
 
-def test_greedy_generate_equals_transformers(model):
-    hf, config, params = model
+def _greedy_equals_transformers(hf, config, params):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, config.vocab_size, n).tolist() for n in (5, 11, 3)]
     ours = S.generate(config, params, prompts, 24)
@@ -70,6 +69,33 @@ def test_greedy_generate_equals_transformers(model):
     )[:, width:].tolist()
     assert ours == ref
     assert len(set(sum(ref, []))) > 10  # the reference output is not degenerate
+
+
+def test_greedy_generate_equals_transformers(model):
+    _greedy_equals_transformers(*model)
+
+
+def test_greedy_generate_of_a_tied_model_equals_transformers(tmp_path):
+    """A tied model's decode loop reads its head from an untied copy on CPU (`qwen2.for_decoding`)."""
+    hf = make_hf_model("tied_gqa4_mqa", seed=3, init_std=0.2)
+    hf.save_pretrained(tmp_path)
+    config, params = hf_io.load_hf(str(tmp_path))
+    assert config.tie_word_embeddings and "lm_head" not in params
+    _greedy_equals_transformers(hf, config, params)
+
+
+def test_first_argmax_is_numpys_argmax():
+    """Ties go to the first index, as np.argmax; a row of -inf gives 0; a NaN row gives V - 1 (documented)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 300)).astype(np.float32)
+    x[:, 7] = x[:, 250] = x.max(1) + 1  # a tie in every row
+    x[1] = -np.inf
+    x[2, :5] = np.inf
+    x[3] = np.round(x[3])  # many ties below the maximum
+    got = np.asarray(jax.jit(S.first_argmax)(x))
+    np.testing.assert_array_equal(got, np.argmax(x, -1))
+    x[4] = np.nan
+    assert np.asarray(S.first_argmax(x))[4] == x.shape[1] - 1
 
 
 def test_generate_stops_at_a_stop_id(model):

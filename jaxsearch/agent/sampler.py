@@ -141,6 +141,16 @@ def _filter_logits(logits, sampling: SamplingParams):
     return scaled
 
 
+def first_argmax(x):
+    """`jnp.argmax(x, -1)` for x [B, V] (the first index of each row's maximum) as two plain reductions:
+    XLA:CPU runs argmax's (value, index) reduction as a scalar loop, ~0.2 ms of a ~2.3 ms decode step at
+    bench/rollout.py's S (16 x 8,192 logits). A row without a maximum (NaN) gets V - 1."""
+    v = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(x == top, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+    return jnp.minimum(first, v - 1)
+
+
 def sample_tokens(logits, keys, counters, sampling: SamplingParams):
     """Sample one token per row. logits [B, V] fp32; keys [B] PRNG keys; counters [B] int (fold-in).
 
@@ -150,7 +160,7 @@ def sample_tokens(logits, keys, counters, sampling: SamplingParams):
     """
     logits = logits.astype(jnp.float32)
     if sampling.temperature == 0.0:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens = first_argmax(logits)
         dist = logits
     else:
         dist = _filter_logits(logits, sampling)
@@ -234,6 +244,7 @@ def decode_loop(
     b = budget.shape[0]
     s_max = state.cache["k"][0].shape[1]
     budget = jnp.minimum(budget, s_max - state.cache["lengths"])  # never write past the cache end
+    config, params = qwen2.for_decoding(config, params)
 
     def cond(seg: SegmentState):
         return (seg.step < max_new) & jnp.any(seg.active)

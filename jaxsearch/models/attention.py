@@ -31,14 +31,22 @@ def attend(q, k, v, mask, chunk: int = 0):
 
 
 def attend_decode_cpu(q, k, v, mask):
-    """`attend` for one query per row as multiply-reduce over the cache in its own [B, S, K, D] layout. The
-    batched-matmul form makes XLA:CPU transpose both caches of every layer at every decode step (the matmuls
-    want [B, K, S, D]); this one reads them as they are: 4 fused ops per layer fewer, ~10% more tokens/s at
-    bench/rollout.py's S. Accelerators keep the matmul form."""
+    """`attend` for one query per row, reading the cache in its own [B, S, K, D] layout (the batched-matmul
+    form makes XLA:CPU transpose both caches of every layer at every decode step: they want [B, K, S, D]).
+
+    Scores: one matmul per row of all H query heads against the S*K cached keys ([B, S*K, D] as laid out),
+    of which the K diagonal [query group, kv head] blocks are kept. It computes K times the scores it needs
+    and is still the fast form on CPU: at bench/rollout.py's S (K = 2) the multiply-reduce over D it replaces
+    took ~0.19 ms of a ~2.3 ms decode step per layer, this ~0.05 ms (bench/RESULTS.md, issue 17). The
+    weighted sum of values stays a multiply-reduce over S (XLA fuses it with the output projection).
+    Accelerators keep the matmul form."""
     b, _, h, d = q.shape
-    kvh = k.shape[2]
-    q = q.reshape(b, 1, kvh, h // kvh, d).astype(jnp.float32)  # [B, 1, K, G, D]
-    scores = jnp.sum(q * k[:, :, :, None, :].astype(jnp.float32), axis=-1) * (d**-0.5)  # [B, S, K, G]
+    s, kvh = k.shape[1], k.shape[2]
+    g = h // kvh
+    every = jnp.einsum(
+        "bhd,bmd->bmh", q.reshape(b, h, d).astype(jnp.float32), k.reshape(b, s * kvh, d).astype(jnp.float32)
+    ).reshape(b, s, kvh, kvh, g)  # [B, S, K (key's head), K (query's group), G]
+    scores = jnp.stack([every[:, :, j, j] for j in range(kvh)], axis=2) * (d**-0.5)  # [B, S, K, G]
     scores = jnp.where(mask[:, 0, :, None, None], scores, NEG)
     probs = jax.nn.softmax(scores, axis=1)
     out = jnp.sum(probs[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B, K, G, D]

@@ -637,6 +637,20 @@ def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_
     return extend(config, params, cache, input_ids, attention_mask)
 
 
+def for_decoding(config: Qwen2Config, params: Params) -> tuple[Qwen2Config, Params]:
+    """(config, params) for a loop of decode steps. On CPU a tied model reads its head from an untied [E, V]
+    copy made once per call: XLA:CPU's matmul with the [V, E] table as laid out re-packs the table at every
+    step (~0.33 against ~0.24 ms of a ~1.9 ms decode step at bench/rollout.py's S; bench/RESULTS.md, issue
+    17). Elsewhere the copy is a transpose that XLA folds into the matmul, so nothing changes."""
+    if not config.tie_word_embeddings:
+        return config, params
+    # the barrier keeps XLA from folding the transpose back into the matmul
+    head = jax.lax.platform_dependent(
+        params["embedding"], cpu=lambda e: jax.lax.optimization_barrier(e.T), default=lambda e: e.T
+    )
+    return config.replace(tie_word_embeddings=False), {**params, "lm_head": head}
+
+
 def decode_step(config: Qwen2Config, params: Params, cache: dict, token, active=None):
     """One token per row: token [B] int; active [B] bool (inactive rows append nothing).
 
