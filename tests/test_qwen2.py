@@ -1,5 +1,7 @@
 """Qwen2 in Flax against transformers' Qwen2ForCausalLM on the same random weights."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -136,20 +138,28 @@ def _numpy_attention(q, k, v, mask):
     return np.einsum("bths,bshd->bthd", probs, v)
 
 
-def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own():
-    """The CPU decode attention (one query per row over a 1024-slot cache as laid out) is softmax attention
-    (float64 reference), and a row's output is the same bits alone or among other rows: what decode slots'
+@pytest.mark.parametrize("cache", [1024, 1152])
+def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own(cache):
+    """The CPU decode attention (one query per row over the shortest span of the cache that holds every row's
+    keys) is softmax attention (float64 reference), and a row's output is the same bits alone or among other
+    rows, whatever span their longest row picks, and the same as over the whole cache: what decode slots'
     equality with the lockstep rollout rests on (their batches differ)."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(cache)
     b, h, kvh, d = 50, 4, 2, 16
     q = rng.normal(size=(b, 1, h, d)).astype(np.float32) * 3
-    k, v = (rng.normal(size=(b, 1024, kvh, d)).astype(np.float32) for _ in range(2))
-    mask = np.arange(1024)[None, None, :] < rng.integers(1, 700, b)[:, None, None]
+    k, v = (rng.normal(size=(b, cache, kvh, d)).astype(np.float32) for _ in range(2))
     attend = jax.jit(attention.attend_decode_cpu)
-    out = np.asarray(attend(q, k, v, mask))
-    np.testing.assert_allclose(out, _numpy_attention(q, k, v, mask), atol=2e-6)
-    for rows in (slice(0, 1), slice(3, 6), slice(8, 16), slice(10, 11)):
-        np.testing.assert_array_equal(np.asarray(attend(q[rows], k[rows], v[rows], mask[rows])), out[rows])
+    whole = jax.jit(functools.partial(attention._attend_one_query, exact=True))  # no span: every slot
+    for longest in (60, 129, 700, cache):  # spans 128, 256, 1024 and the whole cache
+        lengths = rng.integers(1, longest + 1, b)
+        lengths[7] = longest
+        mask = np.arange(cache)[None, None, :] < lengths[:, None, None]
+        out = np.asarray(attend(q, k, v, mask))
+        np.testing.assert_allclose(out, _numpy_attention(q, k, v, mask), atol=2e-6)
+        np.testing.assert_array_equal(np.asarray(whole(q, k, v, mask)), out)
+        for rows in (slice(0, 1), slice(3, 6), slice(8, 16), slice(10, 11), slice(48, 50)):
+            alone = attend(q[rows], k[rows], v[rows], mask[rows])
+            np.testing.assert_array_equal(np.asarray(alone), out[rows])
 
 
 def test_kv_cache_decode_over_a_long_cache_equals_full_forward(tiny):

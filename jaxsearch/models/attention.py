@@ -30,16 +30,43 @@ def attend(q, k, v, mask, chunk: int = 0):
     return _attend_dense(q, k, v, mask, chunk)
 
 
-def attend_decode_cpu(q, k, v, mask):
-    """`attend` for one query per row, reading the cache in its own [B, S, K, D] layout (the batched-matmul
-    form makes XLA:CPU transpose both caches of every layer at every decode step: they want [B, K, S, D]).
+SPAN_BLOCK = 128  # keys per block of the CPU decode attention's spans and of its fixed-order reductions
+SPANS_FROM = 512  # caches of this many slots or more are read over spans
 
-    Scores: one matmul per row of all H query heads against the S*K cached keys ([B, S*K, D] as laid out),
-    of which the K diagonal [query group, kv head] blocks are kept. It computes K times the scores it needs
-    and is still the fast form on CPU: at bench/rollout.py's S (K = 2) the multiply-reduce over D it replaces
-    took ~0.19 ms of a ~2.3 ms decode step per layer, this ~0.05 ms (bench/RESULTS.md, issue 17). The
-    weighted sum of values stays a multiply-reduce over S (XLA fuses it with the output projection).
-    Accelerators keep the matmul form."""
+
+def attend_decode_cpu(q, k, v, mask):
+    """`attend` for one query per row on CPU, reading the cache in its own [B, S, K, D] layout (the
+    batched-matmul form makes XLA:CPU transpose both caches of every layer at every decode step).
+
+    A cache of SPANS_FROM slots or more is read over the shortest span that holds every row's keys (its first
+    128, 256, 512, ... slots, or all; a `lax.switch` on the mask): at 1,024 slots a step is bound by reading
+    the whole cache, so this makes a decode step of 50 rows with ~200 keys each ~2.2x faster
+    (bench/RESULTS.md, issue 17). Its softmax reduces in an order fixed by the span (`_fixed_order`), so a
+    row's bits depend neither on the span nor on the other rows of its batch: a row decodes the same tokens in
+    a slot as in a lockstep batch. Smaller caches take the plain softmax (~25% faster at bench/rollout.py's
+    S), whose sums XLA:CPU runs with YNNPACK's kernels from ~4,096 elements of [B, S, K, G] up and its own
+    below, so there a row's bits can follow the batch when B x S is small (1-3 rows of 256 slots).
+    """
+    s = k.shape[1]
+    if s < SPANS_FROM:
+        return _attend_one_query(q, k, v, mask, exact=False)
+    spans = [n for n in (SPAN_BLOCK * 2**i for i in range(32)) if n < s] + [s]
+    keys = jnp.max(jnp.where(mask[:, 0], jnp.arange(1, s + 1), 0))  # the keys the furthest row reads
+    branches = [functools.partial(_attend_one_query, span=n, exact=True) for n in spans]
+    return jax.lax.switch(jnp.searchsorted(jnp.asarray(spans), keys), branches, q, k, v, mask)
+
+
+def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
+    """One query per row over the cache's first `span` slots (None: all).
+
+    Scores: one matmul per row of all H query heads against the span's S*K cached keys as laid out, of which
+    the K diagonal [query group, kv head] blocks are kept. It computes K times the scores it needs and is
+    still the fast form on CPU: at bench/rollout.py's S (K = 2) the multiply-reduce over D it replaces took
+    ~0.19 ms of a ~2.3 ms decode step per layer, this ~0.05 ms. The weighted sum of values is a
+    multiply-reduce over S (YNNPACK's kernel for every batch: [B, S, K, G, D] is large; XLA fuses it with the
+    output projection). exact: the softmax's max and sum in `_fixed_order`."""
+    if span is not None:
+        k, v, mask = k[:, :span], v[:, :span], mask[:, :, :span]
     b, _, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     g = h // kvh
@@ -48,9 +75,31 @@ def attend_decode_cpu(q, k, v, mask):
     ).reshape(b, s, kvh, kvh, g)  # [B, S, K (key's head), K (query's group), G]
     scores = jnp.stack([every[:, :, j, j] for j in range(kvh)], axis=2) * (d**-0.5)  # [B, S, K, G]
     scores = jnp.where(mask[:, 0, :, None, None], scores, NEG)
-    probs = jax.nn.softmax(scores, axis=1)
+    if exact:
+        unnormalised = jnp.exp(scores - _fixed_order(scores, jnp.maximum, NEG)[:, None])
+        probs = unnormalised / _fixed_order(unnormalised, jnp.add, 0.0)[:, None]
+    else:
+        probs = jax.nn.softmax(scores, axis=1)
     out = jnp.sum(probs[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B, K, G, D]
     return out.reshape(b, 1, h, d).astype(v.dtype)
+
+
+def _fixed_order(x, op, pad):
+    """x [B, S, ...] reduced over S by `op` in an order fixed by S alone, in elementwise ops: blocks of
+    SPAN_BLOCK keys (the last padded with `pad`) each folded by halving, then block after block. Past a row's
+    keys x is `pad` (0 for the sum, NEG for the max), which leaves the result's bits as they are, so every
+    span that holds the row's keys gives the same bits. (A reduction op would not do: XLA:CPU picks YNNPACK's
+    kernel or its own by size, and fuses the exp after the max into YNNPACK's; the two round differently.)"""
+    b, s = x.shape[:2]
+    x = jnp.pad(x, [(0, 0), (0, -s % SPAN_BLOCK)] + [(0, 0)] * (x.ndim - 2), constant_values=pad)
+    x = x.reshape(b, -1, SPAN_BLOCK, *x.shape[2:])
+    while x.shape[2] > 1:
+        half = x.shape[2] // 2
+        x = op(x[:, :, :half], x[:, :, half:])
+    total = x[:, 0, 0]
+    for i in range(1, x.shape[1]):
+        total = op(total, x[:, i, 0])
+    return total
 
 
 def _attend_dense(q, k, v, mask, chunk: int):
