@@ -52,8 +52,10 @@ def attend_decode_cpu(q, k, v, mask):
         return _attend_one_query(q, k, v, mask, exact=False)
     spans = [n for n in (SPAN_BLOCK * 2**i for i in range(32)) if n < s] + [s]
     keys = jnp.max(jnp.where(mask[:, 0], jnp.arange(1, s + 1), 0))  # the keys the furthest row reads
+    # the first span that holds them, as a count (jnp.searchsorted is a while loop, one per layer and step)
+    branch = jnp.sum(jnp.asarray(spans) < keys)
     branches = [functools.partial(_attend_one_query, span=n, exact=True) for n in spans]
-    return jax.lax.switch(jnp.searchsorted(jnp.asarray(spans), keys), branches, q, k, v, mask)
+    return jax.lax.switch(branch, branches, q, k, v, mask)
 
 
 def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
