@@ -25,6 +25,7 @@ import numpy as np
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent.protocols import get_protocol
+from jaxsearch.models.spans import default_buckets
 from jaxsearch.rl.sft import train_tiny_searcher
 
 
@@ -64,7 +65,7 @@ def main():
         1024,
         128,
         S.SamplingParams(args.temperature),
-        chunk_buckets=S.default_buckets(limits.max_obs_tokens + 512),
+        chunk_buckets=default_buckets(limits.max_obs_tokens + 512),
     )
     questions = [q.question for q in (world.questions["test"] + world.questions["dev"])[: args.rows]]
     questions = [q for q in questions for _ in range(args.group)]  # as the RL data iterator repeats them

@@ -126,6 +126,35 @@ def test_extend_appends_at_each_rows_own_offset(tiny):
     assert list(np.asarray(cache["lengths"])) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
 
 
+def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
+    """Appending over the first span of a 1,024-slot cache that holds the rows' keys (128, 256, 512 or all
+    slots) gives extend's logits and cache; slots past the rows' keys keep what they held, bit for bit."""
+    _, _, config, params = tiny
+    rng = np.random.default_rng(7)
+    s, kvh, d = 1024, config.num_key_value_heads, config.head_dim
+    cache = qwen2.init_cache(config, 2, s)
+    cache = {  # every slot holds something, so a slot read or written past a row's keys would show
+        "k": tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache["k"]),
+        "v": tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache["v"]),
+    }
+    ids = rng.integers(0, config.vocab_size, (2, 16))
+    mask = np.ones((2, 16), np.int32)
+    mask[1, 10:] = 0
+    over_span = jax.jit(functools.partial(qwen2.extend_over_span, config))
+    whole = jax.jit(functools.partial(qwen2.extend, config))
+    for lengths in ([100, 3], [200, 50], [480, 10], [1000, 0]):  # spans 128, 256, 512, 1024
+        before = {**cache, "lengths": jnp.asarray(lengths, jnp.int32)}
+        logits, new = over_span(params, before, ids, mask)
+        ref_logits, ref = whole(params, before, ids, mask)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(new["lengths"]), np.asarray(ref["lengths"]))
+        for name in ("k", "v"):
+            for a, b, old in zip(new[name], ref[name], before[name]):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+                for row, end in enumerate(np.asarray(ref["lengths"])):
+                    np.testing.assert_array_equal(np.asarray(a[row, end:]), np.asarray(old[row, end:]))
+
+
 def _numpy_attention(q, k, v, mask):
     """float64 reference: q [B, T, H, D], k, v [B, S, K, D], mask [B, T, S] -> [B, T, H, D]."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))

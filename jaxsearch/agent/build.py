@@ -13,6 +13,7 @@ from jaxsearch.agent import sampler as sampler_lib
 from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.config import AgentConfig, RunConfig
+from jaxsearch.models.spans import default_buckets
 from jaxsearch.retrieval.factory import make_retriever
 from jaxsearch.retrieval.host_split import HostSplitRetriever
 
@@ -63,7 +64,7 @@ def build_sampler(r, model_config, tokenizer, protocol, mesh, temperature: float
         r.cache_len,
         r.max_segment_tokens,
         sampling,
-        chunk_buckets=sampler_lib.default_buckets(r.max_obs_tokens + 512),
+        chunk_buckets=default_buckets(r.max_obs_tokens + 512),
         mesh=mesh,
     )
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxsearch import multihost, parallel
 from jaxsearch.models import qwen2
+from jaxsearch.models.spans import default_buckets
 
 MAX_TOKEN_BYTES = 64  # bytes kept per token for stop matching (longer tokens keep their last 64)
 STOP_BUDGET = -1  # SegmentResult.stop code: budget or cache end reached (no stop)
@@ -332,15 +333,6 @@ def _pad_rows(rows: Sequence[Sequence[int]], width: int, left: bool):
     return ids, mask
 
 
-def default_buckets(limit: int, smallest: int = 16) -> tuple[int, ...]:
-    """Powers of two from `smallest` up to and including `limit`."""
-    out, b = [], smallest
-    while b < limit:
-        out.append(b)
-        b *= 2
-    return tuple(out) + (limit,)
-
-
 def jit_decode(mesh: jax.sharding.Mesh | None = None):
     """`decode_segment` jitted as `Sampler.decode` runs it (under the mesh's activation sharding, the
     DecodeState donated; config, sampling and max_new static): `launch/plan.py` lowers this same function."""
@@ -372,7 +364,7 @@ class Sampler:
         self.mesh = mesh
         shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
         self._prefill = jax.jit(shard(qwen2.prefill), static_argnums=(0, 4))
-        self._extend = jax.jit(shard(qwen2.extend), static_argnums=(0,), donate_argnums=(2,))
+        self._extend = jax.jit(shard(qwen2.extend_over_span), static_argnums=(0,), donate_argnums=(2,))
         self._decode = jit_decode(mesh)
 
     def _rows(self, x: np.ndarray):

@@ -106,7 +106,7 @@ def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, 
 
     length = jnp.where(reset, 0, row(cache["lengths"]))
     row_cache = {"k": tuple(map(row, cache["k"])), "v": tuple(map(row, cache["v"])), "lengths": length}
-    logits, row_cache = qwen2.extend(config, params, row_cache, ids, mask)
+    logits, row_cache = qwen2.extend_over_span(config, params, row_cache, ids, mask)
     keys = jax.random.key_data(st.keys)
     keys = put(keys, jnp.where(reset, key_data, row(keys)[0])[None])
     new_cache = {

@@ -12,6 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxsearch.models.spans import SPAN_BLOCK, SPANS_FROM, cache_spans, first_span
+
 NEG = -1e30  # finite "minus infinity" for masked logits: a fully masked (padding) row stays finite
 
 
@@ -30,10 +32,6 @@ def attend(q, k, v, mask, chunk: int = 0):
     return _attend_dense(q, k, v, mask, chunk)
 
 
-SPAN_BLOCK = 128  # keys per block of the CPU decode attention's spans and of its fixed-order reductions
-SPANS_FROM = 512  # caches of this many slots or more are read over spans
-
-
 def attend_decode_cpu(q, k, v, mask):
     """`attend` for one query per row on CPU, reading the cache in its own [B, S, K, D] layout (the
     batched-matmul form makes XLA:CPU transpose both caches of every layer at every decode step).
@@ -50,12 +48,10 @@ def attend_decode_cpu(q, k, v, mask):
     s = k.shape[1]
     if s < SPANS_FROM:
         return _attend_one_query(q, k, v, mask, exact=False)
-    spans = [n for n in (SPAN_BLOCK * 2**i for i in range(32)) if n < s] + [s]
+    spans = cache_spans(s)
     keys = jnp.max(jnp.where(mask[:, 0], jnp.arange(1, s + 1), 0))  # the keys the furthest row reads
-    # the first span that holds them, as a count (jnp.searchsorted is a while loop, one per layer and step)
-    branch = jnp.sum(jnp.asarray(spans) < keys)
     branches = [functools.partial(_attend_one_query, span=n, exact=True) for n in spans]
-    return jax.lax.switch(branch, branches, q, k, v, mask)
+    return jax.lax.switch(first_span(spans, keys), branches, q, k, v, mask)
 
 
 def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
