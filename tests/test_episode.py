@@ -201,16 +201,23 @@ def _assert_same_episodes(a, b, order=None):
 
 
 @pytest.mark.parametrize(
-    "name, slots, steps, temperature",
-    [("search_r1", 3, 16, 0.0), ("search_r1", 8, 1, 0.0), ("eka", 5, 48, 0.0), ("search_r1", 3, 7, 1.0)],
+    "name, slots, steps, temperature, delay",
+    [
+        ("search_r1", 3, 16, 0.0, 0.0),
+        ("search_r1", 8, 1, 0.0, 0.0),
+        ("eka", 5, 48, 0.0, 0.0),
+        ("search_r1", 3, 7, 1.0, 0.0),
+        ("search_r1", 4, 4, 0.0, 0.05),
+    ],
 )
-def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, slots, steps, temperature):
+def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, slots, steps, temperature, delay):
     """Episodes in decode slots (fewer slots than rows: finished rows' slots take waiting rows) equal the
     lockstep rollout's, whatever the number of slots, the steps per call or the rows' arrival order: greedy,
     and sampled too (a row samples with its own key folded with its cache position, so the schedule cannot
     change what it draws: RL's rollouts, hence its learning curves, are the lockstep ones). The sampled rows
     come in GRPO groups of 2 samples per question, so a group's second row copies the first's prompt where
-    both start in the same round and prefills it where not."""
+    both start in the same round and prefills it where not. A slow retriever (delay, seconds a search) makes
+    the host act while the next decode call runs, a fast one before it: the same episodes."""
     from jaxsearch.agent.slots import Slots
 
     copies = []
@@ -223,6 +230,11 @@ def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, sl
     if temperature:
         questions = [q for q in questions for _ in range(2)]
     lockstep = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 0)
+    if delay:  # record when searches run against the decode calls
+        events = []
+        retriever = _DelayedRetriever(retriever, 0, delay, delay, events)
+        monkeypatch.setattr(Slots, "decode", _recorded(Slots.decode, events, "decode"))
+        monkeypatch.setattr(Slots, "fetch", staticmethod(_recorded(Slots.fetch, events, "fetch")))
     engine = AgentEngine(tok, protocol, retriever, smp, cfg, micro_batch=slots, scheduler="slots", steps_per_call=steps)
     _assert_same_episodes(engine.rollout(params, questions, 0), lockstep)
     if temperature == 0.0:  # a sampled row's key is its row index's, so reordering the rows resamples them
@@ -230,6 +242,16 @@ def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, sl
     else:
         assert copies and len(set(map(tuple, lockstep.tokens.tolist()))) == 16  # copied, yet each row its own
     assert len(set(lockstep.turns.tolist())) > 1  # rows really finish at different turns
+    if delay:  # a search ran while a decode call was in flight
+        assert any(events[i : i + 3] == ["decode", "search", "fetch"] for i in range(len(events)))
+
+
+def _recorded(function, events, name):
+    def wrapper(*args, **kwargs):
+        events.append(name)
+        return function(*args, **kwargs)
+
+    return wrapper
 
 
 def _counted(method, calls):
@@ -241,13 +263,16 @@ def _counted(method, calls):
 
 
 class _DelayedRetriever:
-    """Answers as `retriever` after a random delay of 0-20 ms (a remote retriever under load)."""
+    """Answers as `retriever` after a random delay of `low`-`high` seconds (a remote retriever under load);
+    `events` records each search."""
 
-    def __init__(self, retriever, seed):
-        self.retriever, self.rng = retriever, np.random.default_rng(seed)
+    def __init__(self, retriever, seed, low=0.0, high=0.02, events=None):
+        self.retriever, self.rng, self.low, self.high = retriever, np.random.default_rng(seed), low, high
+        self.events = [] if events is None else events
 
     def search(self, queries, k):
-        time.sleep(self.rng.uniform(0, 0.02))
+        time.sleep(self.rng.uniform(self.low, self.high))
+        self.events.append("search")
         return self.retriever.search(queries, k)
 
 

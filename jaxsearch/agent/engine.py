@@ -147,9 +147,12 @@ class AgentEngine:
     def _episodes_in_slots(self, params, questions, keys, internal_key, messages) -> Trajectories:
         """The same episodes as `_episodes`, in `micro_batch` decode slots where rows never wait.
 
-        Each loop: dispatch a decode call for the slots that decode; meanwhile the host acts on the slots
-        whose segment ended in the previous call (parse, one retrieval for all of them, encode) and inserts
-        their observation, or a waiting row's prompt where a row finished; then it reads the call's tokens.
+        Each loop: the host acts on the slots whose segment ended in the last call (parse, one retrieval for
+        all of them, encode) and inserts their observation, or a waiting row's prompt where a row finished;
+        it dispatches a decode call for the slots that decode, then reads the call's tokens. When a retrieval
+        took at least half as long as a decode call (a remote retriever), it acts while the next call runs
+        instead: the device keeps busy, and the rows that ended join the call after (bench/RESULTS.md,
+        issue 17: in-process BM25 1.1x faster acting first, a 20 ms retriever 1.3x faster overlapping).
         A new row whose prompt a slot prefilled since the last call (a GRPO group's next sample of the same
         question) copies that slot's cache row instead of prefilling it again.
         """
@@ -190,36 +193,48 @@ class AgentEngine:
                 i = waiting.pop()
                 begin(slot, i, rows[i].prompt, reset=True)
 
+        def act_on_ended():
+            nonlocal ended, acts, search_s
+            searches, hints = [], {}
+            for slot, stop in ended:
+                i = occupant[slot]
+                segment = [np.concatenate(x) for x in zip(*parts[slot])] + [stop, budgets[slot]]
+                self._act_row(rows, i, segment, rows[i].turns == self.limits.max_turns, searches, hints)
+            before = clock["retrieval"]
+            observations = self._search(rows, searches, internal, acts, clock)
+            search_s = clock["retrieval"] - before if searches else search_s
+            chunks = self._encode(rows, {**hints, **observations})
+            for slot, _ in ended:
+                i = occupant[slot]
+                if rows[i].done:
+                    refill(slot)
+                else:
+                    begin(slot, i, chunks[i], reset=False)
+            ended, acts = [], acts + 1
+
         for slot in range(n):
             refill(slot)
+        # act before the next call while a retrieval takes less than half a decode call (the last of each)
+        act_first, search_s = True, 0.0
         while any(o is not None for o in occupant):
+            if ended and act_first:
+                act_on_ended()
             in_call, out = decoding.copy(), None
             if in_call.any():
                 dispatched = time.perf_counter()
-                out, state = slots.decode(params, state)  # runs on the device while the host acts on `ended`
+                out, state = slots.decode(params, state)  # dispatched: the host may act on `ended` meanwhile
                 fresh.clear()  # their slots decode now
             if ended:
-                searches, hints = [], {}
-                for slot, stop in ended:
-                    i = occupant[slot]
-                    segment = [np.concatenate(x) for x in zip(*parts[slot])] + [stop, budgets[slot]]
-                    self._act_row(rows, i, segment, rows[i].turns == self.limits.max_turns, searches, hints)
-                observations = self._search(rows, searches, internal, acts, clock)
-                chunks = self._encode(rows, {**hints, **observations})
-                for slot, _ in ended:
-                    i = occupant[slot]
-                    if rows[i].done:
-                        refill(slot)
-                    else:
-                        begin(slot, i, chunks[i], reset=False)
-                ended, acts = [], acts + 1
+                act_on_ended()
             if out is not None:
                 t = time.perf_counter()
                 result = slots.fetch(out)
                 # the device was busy from the dispatch if the host had to wait for it; else the host's work
                 # outlasted the call, whose own length is unknown: count none of it (a lower bound)
                 waited = time.perf_counter() - t
-                clock["device"] += time.perf_counter() - dispatched if waited > 1e-3 else waited
+                call_s = time.perf_counter() - dispatched
+                clock["device"] += call_s if waited > 1e-3 else waited
+                act_first = search_s < call_s / 2
                 for slot in np.flatnonzero(in_call):
                     k = int(result.length[slot])
                     parts[slot].append((result.tokens[slot, :k], result.logprobs[slot, :k], result.entropy[slot, :k]))
