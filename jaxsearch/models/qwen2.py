@@ -661,8 +661,8 @@ def extend_over_span(config: Qwen2Config, params: Params, cache: dict, tokens, t
 def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_len: int):
     """Encode prompts [B, T] (padding anywhere, usually left) into a fresh cache of max_len slots.
 
-    Returns (logits [B, V] of each row's last prompt token, cache). The prompts are encoded over the cache's
-    first span that holds them (`extend_over_span`), the rest of the cache is zeros.
+    Returns (logits [B, V] of each row's last prompt token, cache). The prompts are encoded over the first of
+    the cache's spans (`spans.cache_spans`) that holds T slots; the slots past it are zeros.
     """
     span = cache_spans(max_len, at_least=input_ids.shape[1])[0]
     logits, cache = extend(
