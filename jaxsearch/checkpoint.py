@@ -120,13 +120,15 @@ class TrainCheckpointer:
     def save(self, step: int, state, meta: dict, force: bool = False) -> bool:
         """Start saving `state` and `meta` at `step` if it is a save step (or `force`); return whether it did.
 
-        Returns once the arrays are copied off the devices (they may then be donated or changed); the
-        files are written in the background; `wait()` blocks until they are. A step already saved is
+        Returns once the arrays are copied off the devices (they may then be donated or changed) and `meta`
+        is copied; the files are written in the background; `wait()` blocks until they are. A step already saved is
         skipped.
         """
         if not (force or self.should_save(step)) or step in self._manager.all_steps():
             return False
-        json.dumps(meta)  # a meta that is not JSON fails here, in the caller, not in the writer thread
+        # a meta that is not JSON fails here, in the caller, not in the writer thread; and the writer gets a copy:
+        # it serializes later, after the caller may have changed its lists and dicts (the SFT loop's losses)
+        meta = json.loads(json.dumps(meta))
         args = ocp.args.Composite(
             **{STATE_ITEM: ocp.args.StandardSave(state), META_ITEM: ocp.args.JsonSave(meta)}
         )

@@ -17,6 +17,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxsearch import checkpoint
 from jaxsearch.checkpoint import TrainCheckpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,6 +93,24 @@ def test_async_save_keeps_what_was_passed_when_the_state_is_then_donated(tmp_pat
     ckpt.wait()
     _, restored, _ = ckpt.restore_latest(abstract_of(params))
     np.testing.assert_array_equal(np.asarray(restored["w"]), expected)
+
+
+def test_async_save_keeps_the_meta_as_passed_when_the_caller_then_changes_it(tmp_path, monkeypatch):
+    """The SFT loop extends its list of losses in place after saving it: the checkpoint holds the list as it
+    was at the save (the writer serializes later: a step-6 checkpoint got 7 losses under load, and its
+    resume refused it)."""
+    handed = []  # what the background writer is given to serialize
+    json_save = checkpoint.ocp.args.JsonSave
+    monkeypatch.setattr(checkpoint.ocp.args, "JsonSave", lambda item: handed.append(item) or json_save(item))
+    ckpt = TrainCheckpointer(str(tmp_path), save_every=1)
+    losses, position = [0.5, 0.25], {"epoch": 1}
+    ckpt.save(1, {"w": jnp.zeros(4)}, {"losses": losses, "data": position})
+    losses += [0.125]
+    position["epoch"] = 2
+    assert handed == [{"losses": [0.5, 0.25], "data": {"epoch": 1}}]
+    ckpt.wait()
+    _, _, meta = ckpt.restore_latest({"w": jax.ShapeDtypeStruct((4,), jnp.float32)})
+    assert meta == {"losses": [0.5, 0.25], "data": {"epoch": 1}}
 
 
 def test_restore_places_each_leaf_on_the_requested_mesh_sharding(tmp_path):
