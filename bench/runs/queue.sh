@@ -34,8 +34,9 @@ one() {  # SRC OUTNAME CONFIG SEED [-- overrides]
     echo "$(date +%T) start $out $name seed$seed" >> "$OUT/queue.log"
     (cd "$src" && python bench/tiny_world.py --configs "$cfg" --seeds "$seed" --out "$OUT/$out" "$@") \
       > "$OUT/log.$out.$name.$seed" 2>&1
-    echo "$(date +%T) end rc=$? $out $name seed$seed" >> "$OUT/queue.log"
-    save "$out" "$name" "$seed"
+    local rc=$?  # before $(date) resets it
+    echo "$(date +%T) end rc=$rc $out $name seed$seed" >> "$OUT/queue.log"
+    [ $rc -eq 0 ] && save "$out" "$name" "$seed"
   ) 9> "$OUT/lock.$out.$name.$seed"
 }
 mkdir -p "$OUT"
