@@ -208,6 +208,7 @@ def _assert_same_episodes(a, b, order=None):
         ("eka", 5, 48, 0.0, 0.0),
         ("search_r1", 3, 7, 1.0, 0.0),
         ("search_r1", 4, 4, 0.0, 0.05),
+        ("soar", 3, 7, 1.0, 0.0),
     ],
 )
 def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, slots, steps, temperature, delay):
@@ -217,19 +218,28 @@ def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, sl
     change what it draws: RL's rollouts, hence its learning curves, are the lockstep ones). The sampled rows
     come in GRPO groups of 2 samples per question, so a group's second row copies the first's prompt where
     both start in the same round and prefills it where not. A slow retriever (delay, seconds a search) makes
-    the host act while the next decode call runs, a fast one before it: the same episodes."""
+    the host act while the next decode call runs, a fast one before it: the same episodes. SOAR's internal
+    stream, sampled, is the same too, and the same with lockstep in micro-batches: it samples per row and
+    search, not per call."""
     from jaxsearch.agent.slots import Slots
 
     copies = []
     monkeypatch.setattr(Slots, "copy_prompt", _counted(Slots.copy_prompt, copies))
     config, params, tok, world, retriever = searcher
     protocol = get_protocol(name)
+    if name == "soar":  # the tiny model writes no numbered facts: its whole generation stands as one
+        monkeypatch.setattr(type(protocol), "parse_internal_facts", staticmethod(lambda text, k: [text.strip()]))
     smp = _searcher_sampler(config, tok, protocol, temperature, prompt_bucket=384)
     cfg = EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, initial_k=1)
     questions = [q.question for q in world.questions["test"][:8]]
     if temperature:
         questions = [q for q in questions for _ in range(2)]
     lockstep = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 0)
+    if name == "soar":
+        generated = [f for row in lockstep.internal_knowledge for f in row]
+        assert len(generated) >= 8 and len(set(generated)) > len(generated) // 2, generated
+        micro = AgentEngine(tok, protocol, retriever, smp, cfg, micro_batch=5).rollout(params, questions, 0)
+        _assert_same_episodes(micro, lockstep)
     if delay:  # record when searches run against the decode calls
         events = []
         retriever = _DelayedRetriever(retriever, 0, delay, delay, events)
@@ -313,8 +323,8 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher, m
     def recording(*args, **kwargs):  # the policy's own generation, recorded for the check below
         generate = text_generator(*args, **kwargs)
 
-        def wrapped(messages, call=0):
-            out = generate(messages, call)
+        def wrapped(messages, keys):
+            out = generate(messages, keys)
             generated.extend(out)
             return out
 

@@ -19,6 +19,8 @@ batch of questions (already repeated `group_size` times by the data iterator):
 The trajectory holds exactly the token ids that were sampled (no decode -> re-encode of generated text);
 observations are encoded once, on their own, as the policy then sees them. Row i of a rollout samples with
 `fold_in(key, i)`: its randomness depends on the key and its index only, not on batch or micro-batch sizes.
+So does SOAR's internal stream: its generation for row i's s-th search samples with fold_in(fold_in(k, i), s),
+k split from the key (`internal_keys`), whatever the scheduler, the micro-batch or the other rows' searches.
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ def row_keys(key: jax.Array, start: int, n: int) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(start, start + n, dtype=jnp.uint32))
 
 
+def internal_keys(key: jax.Array, rows: Sequence[int], searches: Sequence[int]) -> jax.Array:
+    """[n] keys of SOAR's internal-stream generations: fold_in(fold_in(key, rows[j]), searches[j]), the
+    searches[j]-th search (from 0) of rollout row rows[j]."""
+    rows, searches = np.asarray(rows, np.uint32), np.asarray(searches, np.uint32)
+    return jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(rows, searches)
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentEngine:
     """What a rollout needs, built once. `replace(...)` gives a variant (e.g. the evaluation sampler)."""
@@ -97,7 +106,8 @@ class AgentEngine:
         sample_key, internal_key = jax.random.split(key)
         if self.scheduler == "slots":
             keys = row_keys(sample_key, 0, len(questions))
-            return self._episodes_in_slots(params, questions, keys, internal_key, messages)
+            internal = self._internal_stream(params, internal_key)
+            return self._episodes_in_slots(params, questions, keys, internal, messages)
         if self.scheduler != "lockstep":
             raise ValueError(f"scheduler {self.scheduler!r}: expected 'lockstep' or 'slots'")
         n = self.micro_batch or len(questions)
@@ -106,7 +116,7 @@ class AgentEngine:
                 params,
                 questions[i : i + n],
                 row_keys(sample_key, i, len(questions[i : i + n])),
-                jax.random.fold_in(internal_key, i),
+                self._internal_stream(params, internal_key, first=i),
                 None if messages is None else messages[i : i + n],
             )
             for i in range(0, len(questions), n)
@@ -115,11 +125,10 @@ class AgentEngine:
 
     # ------------------------------------------------------------------------------- one sampler call
 
-    def _episodes(self, params, questions, keys, internal_key, messages) -> Trajectories:
+    def _episodes(self, params, questions, keys, internal, messages) -> Trajectories:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
-        internal = self._internal_stream(params, internal_key)
         t = time.perf_counter()
         state = self.sampler.start(params, [r.prompt for r in rows], keys)
         clock["device"] += time.perf_counter() - t
@@ -132,7 +141,7 @@ class AgentEngine:
             seg, state = self.sampler.decode(params, state, budget)  # host arrays: the device work is done
             clock["device"] += time.perf_counter() - t
             searches, hints = self._act(rows, active, seg, budget, final=turn == self.limits.max_turns)
-            observations = self._search(rows, searches, internal, turn, clock)
+            observations = self._search(rows, searches, internal, clock)
             chunks = self._encode(rows, {**hints, **observations})
             t = time.perf_counter()
             state = self.sampler.append(params, state, chunks)
@@ -144,7 +153,7 @@ class AgentEngine:
 
     # ------------------------------------------------------------------------------- decode slots
 
-    def _episodes_in_slots(self, params, questions, keys, internal_key, messages) -> Trajectories:
+    def _episodes_in_slots(self, params, questions, keys, internal, messages) -> Trajectories:
         """The same episodes as `_episodes`, in `micro_batch` decode slots where rows never wait.
 
         Each loop: the host acts on the slots whose segment ended in the last call (parse, one retrieval for
@@ -159,7 +168,6 @@ class AgentEngine:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
-        internal = self._internal_stream(params, internal_key)
         slots = Slots(self.sampler, self.steps_per_call)
         n = min(self.micro_batch or len(rows), len(rows))
         state = slots.empty(n)
@@ -170,7 +178,6 @@ class AgentEngine:
         parts: list[list] = [[] for _ in range(n)]  # per slot: the current segment's (tokens, logprobs, entropy)
         ended: list[tuple[int, int]] = []  # (slot, stop code) of segments that ended in the last call
         budgets = np.zeros(n, np.int32)
-        acts = 0  # host rounds so far (SOAR's internal stream samples round r with fold_in(key, r))
 
         fresh: dict[tuple[int, ...], int] = {}  # prompt -> the slot that prefilled it since the last decode call
 
@@ -194,14 +201,14 @@ class AgentEngine:
                 begin(slot, i, rows[i].prompt, reset=True)
 
         def act_on_ended():
-            nonlocal ended, acts, search_s
+            nonlocal ended, search_s
             searches, hints = [], {}
             for slot, stop in ended:
                 i = occupant[slot]
                 segment = [np.concatenate(x) for x in zip(*parts[slot])] + [stop, budgets[slot]]
                 self._act_row(rows, i, segment, rows[i].turns == self.limits.max_turns, searches, hints)
             before = clock["retrieval"]
-            observations = self._search(rows, searches, internal, acts, clock)
+            observations = self._search(rows, searches, internal, clock)
             search_s = clock["retrieval"] - before if searches else search_s
             chunks = self._encode(rows, {**hints, **observations})
             for slot, _ in ended:
@@ -210,7 +217,7 @@ class AgentEngine:
                     refill(slot)
                 else:
                     begin(slot, i, chunks[i], reset=False)
-            ended, acts = [], acts + 1
+            ended = []
 
         for slot in range(n):
             refill(slot)
@@ -246,11 +253,18 @@ class AgentEngine:
         clock["host"] = max(0.0, time.perf_counter() - t_start - clock["device"] - clock["retrieval"])
         return traj
 
-    def _internal_stream(self, params, key):
-        """SOAR's internal-knowledge generator (`text_generator` on `internal_sampler`), None for the others."""
+    def _internal_stream(self, params, key, first: int = 0):
+        """SOAR's internal-knowledge generator (`text_generator` on `internal_sampler`), None for the others:
+        (messages, [(row, search)]) -> texts, row i of this call being row first + i of the rollout."""
         if not self.protocol.needs_internal_knowledge:
             return None
-        return text_generator(self.internal_sampler or self.sampler, params, self.tokenizer, key)
+        generate = text_generator(self.internal_sampler or self.sampler, params, self.tokenizer)
+
+        def stream(messages, ids):
+            rows, searches = zip(*ids)
+            return generate(messages, internal_keys(key, [first + r for r in rows], searches))
+
+        return stream
 
     def _start_rows(self, questions, messages, clock) -> list[Row]:
         """A row per question: its P0 (EKA) and its prompt's token ids; checks the cache has room to act."""
@@ -313,7 +327,7 @@ class AgentEngine:
         else:
             hints[i] = (HINT, self.protocol.invalid_hint())
 
-    def _search(self, rows, searches, internal, turn: int, clock) -> dict[int, tuple[str, str]]:
+    def _search(self, rows, searches, internal, clock) -> dict[int, tuple[str, str]]:
         """One retriever call for the turn's queries (+ SOAR's internal stream) -> observation by row."""
         if not searches:
             return {}
@@ -323,7 +337,8 @@ class AgentEngine:
         facts = None
         if internal is not None:
             k = self.limits.internal_k
-            generated = internal([self.protocol.internal_knowledge_messages(q, k) for q in queries], turn)
+            messages = [self.protocol.internal_knowledge_messages(q, k) for q in queries]
+            generated = internal(messages, [(i, rows[i].searches) for i, _ in searches])
             facts = [
                 self.protocol.format_internal_facts(self.protocol.parse_internal_facts(g, k))
                 for g in generated
@@ -359,20 +374,16 @@ class AgentEngine:
         return chunks
 
 
-def text_generator(
-    sampler: Sampler, params, tokenizer, key: int | jax.Array = 0
-) -> Callable[[list[list[dict]], int], list[str]]:
-    """(messages per prompt, call index) -> generated text per prompt, one segment each (SOAR's internal
-    stream). It decodes until `sampler`'s stop strings, EOS or its `max_segment`; call c samples with
-    fold_in(key, c), row r of it with fold_in of that and r."""
-    key = as_key(key)
+def text_generator(sampler: Sampler, params, tokenizer) -> Callable[[list[list[dict]], jax.Array], list[str]]:
+    """(messages per prompt, keys [n]) -> generated text per prompt, one segment each (SOAR's internal
+    stream), prompt i sampled with keys[i]. It decodes until `sampler`'s stop strings, EOS or its
+    `max_segment`."""
 
-    def generate(batch_messages: list[list[dict]], call: int = 0) -> list[str]:
+    def generate(batch_messages: list[list[dict]], keys: jax.Array) -> list[str]:
         prompts = [
             tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True), allow_special=True)
             for m in batch_messages
         ]
-        keys = row_keys(jax.random.fold_in(key, call), 0, len(prompts))
         seg, _ = sampler.decode(params, sampler.start(params, prompts, keys), sampler.max_segment)
         return [
             tokenizer.decode(seg.tokens[i, : seg.length[i]].tolist(), skip_special=True)
