@@ -209,6 +209,7 @@ def _assert_same_episodes(a, b, order=None):
         ("search_r1", 3, 7, 1.0, 0.0),
         ("search_r1", 4, 4, 0.0, 0.05),
         ("soar", 3, 7, 1.0, 0.0),
+        ("rsearch", 4, 5, 1.0, 0.0),
     ],
 )
 def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, slots, steps, temperature, delay):
