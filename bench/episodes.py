@@ -11,7 +11,8 @@ the same number of slots. Each line: wall seconds (median of --reps, the variant
 lockstep / slots, the device-idle fraction (1 - device busy / wall; the slot engine's busy time is a lower
 bound, so its idle fraction an upper bound), and whether the trajectories are identical token for token.
 --latency-ms adds a fixed delay to every retriever call (a remote retriever). --group G --temperature 1 is a
-GRPO rollout: each question G times, sampled (`--rows` counts questions).
+GRPO rollout: each question G times, sampled (`--rows` counts questions); --top-p 0.95 samples as the configs'
+rollouts do (Search-R1's veRL default).
 """
 
 import argparse
@@ -51,6 +52,7 @@ def main():
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; 1: a training rollout's sampling")
     ap.add_argument("--group", type=int, default=1, help="samples per question (GRPO's group), with --temperature")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, with --temperature")
     args = ap.parse_args()
     config, params, tok, world, retriever = train_tiny_searcher()
     if args.latency_ms:
@@ -64,7 +66,7 @@ def main():
         table,
         1024,
         128,
-        S.SamplingParams(args.temperature),
+        S.SamplingParams(args.temperature, args.top_p),
         chunk_buckets=default_buckets(limits.max_obs_tokens + 512),
     )
     questions = [q.question for q in (world.questions["test"] + world.questions["dev"])[: args.rows]]

@@ -215,6 +215,36 @@ def test_top_k_and_top_p_sample_only_allowed_tokens():
     assert all(seen_p[b] == nucleus[b] for b in range(4))
 
 
+def test_top_p_cutoff_keeps_the_nucleus_of_a_sort_and_cumulative_sum():
+    """The sort-free nucleus (bisection over the float order) against a float64 sort and cumulative sum in
+    numpy, on rows with ties, -inf entries (top-k's) and one dominant entry; it may differ only where the
+    mass above an entry is within float32 rounding of top_p."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for trial in range(24):
+        v = [5, 50, 1276, 8192][trial % 4]
+        x = rng.normal(size=(32, v)) * [0.3, 1.0, 3.0, 10.0][trial % 4]
+        if trial % 3 == 0:
+            x = np.round(x)  # many ties
+        if trial % 5 == 0:
+            x[:, : v // 3] = -np.inf
+        x[0, 0] = 50.0  # a row whose top entry holds all the mass: only it (and its ties) kept
+        x = x.astype(np.float32)
+        top_p = [0.1, 0.5, 0.9, 0.95][trial % 4]
+        kept = np.asarray(x >= np.asarray(jax.jit(S.top_p_cutoff, static_argnums=1)(jnp.asarray(x), top_p)))
+        for row, k in zip(x.astype(np.float64), kept):
+            probs = np.exp(row - row.max())
+            probs /= probs.sum()
+            order = np.argsort(-row, kind="stable")
+            above = np.cumsum(probs[order]) - probs[order]  # mass of the entries sorted before each one
+            cutoff = row[order][above < top_p].min()
+            if np.abs(above - top_p).min() < 1e-6:
+                continue  # the boundary is within float32 rounding of the mass
+            np.testing.assert_array_equal(k, row >= cutoff)
+            checked += 1
+    assert checked > 0.97 * 24 * 32
+
+
 def test_budget_cut_leaves_other_rows_untouched(model):
     _, config, params = model
     table = piece_table(config.vocab_size, [])
