@@ -21,11 +21,22 @@ SIZES = {
         num_attention_heads=8,
         num_key_value_heads=2,
     ),
+    # Qwen2.5-0.5B's shape (its config.json on the Hugging Face hub: vocab 151936, hidden 896, 24 layers,
+    # intermediate 4864, 14 / 2 heads, tied embeddings, rope_theta 1e6); for the GPU measurement
+    "0.5B": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        num_hidden_layers=24,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        rope_theta=1000000.0,
+    ),
 }
 
 
 def hf_model(size: str, seed: int = 0):
-    """A random transformers Qwen2 of an anchor size (fp32, eval, tied embeddings)."""
+    """A random transformers Qwen2 of a size in SIZES (fp32, eval, tied embeddings)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

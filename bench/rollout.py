@@ -1,6 +1,7 @@
 """Sampler throughput: jaxsearch's jitted decode loop vs transformers' generate, same weights, one run.
 
   python bench/rollout.py [--size S M] [--reps 3]
+  python bench/rollout.py --size 0.5B --dtype bfloat16 --batch 16 64 256   # on a GPU: HBM fraction too
 
 Batch 16, 64-token random prompts, exactly 128 new tokens, greedy (the setting of
 ../shared/anchors/hf_generate.py). Prints one JSON line per size: tokens/s of each, their ratio, and
@@ -23,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -31,50 +33,85 @@ from jaxsearch.models import hf_io
 from jaxsearch.agent import sampler as S
 
 BATCH, PROMPT, NEW = 16, 64, 128
+H200_HBM_TB_S = 4.8  # the H200's datasheet memory bandwidth
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", nargs="+", default=["S", "M"], choices=sorted(SIZES))
+    ap.add_argument("--batch", nargs="+", type=int, default=[BATCH], help="rows per batch (each one a run)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights, cache, math")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tunix-python", default="", help="python with google-tunix for the tunix anchor")
     ap.add_argument("--episode", action="store_true", help="also time a 4-turn episode with BM25")
+    ap.add_argument("--profile", default="", help="trace one rollout of the first batch into DIR and summarise it")
     args = ap.parse_args()
+    platform = jax.devices()[0].platform
+    # on a GPU both run on it (transformers on torch's CUDA device); on a CPU both on the CPU
+    torch_device = "cuda" if platform == "gpu" and torch.cuda.is_available() else "cpu"
     print(
-        f"jax {jax.__version__} {jax.devices()[0].platform}, torch {torch.__version__} "
-        f"threads={torch.get_num_threads()}",
+        f"jax {jax.__version__} {platform} ({jax.devices()[0].device_kind}), torch {torch.__version__} "
+        f"on {torch_device}, threads={torch.get_num_threads()}, dtype {args.dtype}",
         flush=True,
     )
+    copy_tb_s = copy_bandwidth() if platform == "gpu" else None
+    if copy_tb_s:
+        print(f"device-to-device copy: {copy_tb_s:.2f} TB/s (bytes read + written)", flush=True)
     for size in args.size:
         model = hf_model(size)
         weights = tempfile.mkdtemp()
         os.makedirs(os.path.join(weights, size))
         model.save_pretrained(os.path.join(weights, size))
-        config, params = hf_io.load_hf(os.path.join(weights, size))
-        prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (BATCH, PROMPT))
-        vocab = config.vocab_size
-        table = S.StopTable.from_arrays(
-            np.zeros((vocab, S.MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], []
-        )
-        smp = S.Sampler(
-            config,
-            table,
-            cache_len=PROMPT + NEW,
-            max_segment=NEW,
-            sampling=S.SamplingParams(temperature=0.0),
-            prompt_buckets=[PROMPT],
-        )
-        rows = prompts.tolist()
+        config, params = hf_io.load_hf(os.path.join(weights, size), dtype=jnp.dtype(args.dtype))
+        model = model.to(device=torch_device, dtype=getattr(torch, args.dtype))
+        for batch in args.batch:
+            profile = args.profile if batch == args.batch[0] else ""
+            result, hf_tokens, prompts = compare(config, params, model, torch_device, batch, args.reps, profile)
+            if copy_tb_s:
+                kind = jax.devices()[0].device_kind
+                result.update(hbm_fraction(config, params, batch, result["decode_step_ms"], copy_tb_s, kind))
+            print(json.dumps({"bench": "rollout", "size": size, "dtype": args.dtype, **result}), flush=True)
+            if args.tunix_python and batch == BATCH:  # what the anchor script reads beside the weights
+                np.save(os.path.join(weights, size, "prompts.npy"), prompts)
+                np.save(os.path.join(weights, size, "hf_greedy.npy"), hf_tokens)
+                with torch.inference_mode():
+                    last = model(input_ids=torch.tensor(prompts)).logits[:, -1].numpy()
+                np.save(os.path.join(weights, size, "hf_last_logits.npy"), last)
+                tunix_anchor(args.tunix_python, size, weights, args.reps)
+    if args.episode:
+        episode_bench()
 
-        def ours():
-            seg, _ = smp.decode(params, smp.start(params, rows, 0), NEW)
-            return seg.tokens
 
-        ids = torch.tensor(prompts)
+def compare(config, params, model, torch_device: str, batch: int, reps: int, profile: str = ""):
+    """Greedy decode of `batch` random 64-token prompts, NEW tokens each, by both; their times and tokens."""
+    prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (batch, PROMPT))
+    vocab = config.vocab_size
+    table = S.StopTable.from_arrays(
+        np.zeros((vocab, S.MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], []
+    )
+    smp = S.Sampler(
+        config,
+        table,
+        cache_len=PROMPT + NEW,
+        max_segment=NEW,
+        sampling=S.SamplingParams(temperature=0.0),
+        prompt_buckets=[PROMPT],
+    )
+    rows = prompts.tolist()
 
-        def theirs():
-            with torch.inference_mode():
-                return model.generate(
+    def ours():
+        seg, _ = smp.decode(params, smp.start(params, rows, 0), NEW)
+        return seg.tokens
+
+    def ours_prefill():
+        jax.block_until_ready(smp.start(params, rows, 0))
+
+    ids = torch.tensor(prompts, device=torch_device)
+
+    def theirs():
+        with torch.inference_mode():
+            return (
+                model.generate(
                     input_ids=ids,
                     attention_mask=torch.ones_like(ids),
                     max_new_tokens=NEW,
@@ -83,41 +120,108 @@ def main():
                     eos_token_id=None,
                     pad_token_id=0,
                     use_cache=True,
-                )[:, PROMPT:].numpy()
+                )[:, PROMPT:]
+                .cpu()
+                .numpy()
+            )
 
-        # jax first: torch's OpenMP threads keep spinning for a while after each call and would steal
-        # the 2 cores from XLA's threads if jax ran right after torch
-        t_ours = median_time(ours, args.reps)
-        t_hf = median_time(theirs, args.reps)
-        hf_tokens = theirs()
-        agree = float(np.mean(ours() == hf_tokens))
-        n = BATCH * NEW
-        print(
-            json.dumps(
-                {
-                    "bench": "rollout",
-                    "size": size,
-                    "params_M": round(config.num_params() / 1e6, 1),
-                    "batch": BATCH,
-                    "prompt": PROMPT,
-                    "new": NEW,
-                    "jaxsearch_tok_s": round(n / t_ours),
-                    "transformers_tok_s": round(n / t_hf),
-                    "ratio": round(t_hf / t_ours, 2),
-                    "greedy_token_agreement": agree,
-                }
-            ),
-            flush=True,
-        )
-        if args.tunix_python:  # what the anchor script reads beside the weights
-            np.save(os.path.join(weights, size, "prompts.npy"), prompts)
-            np.save(os.path.join(weights, size, "hf_greedy.npy"), hf_tokens)
-            with torch.inference_mode():
-                last = model(input_ids=ids).logits[:, -1].numpy()
-            np.save(os.path.join(weights, size, "hf_last_logits.npy"), last)
-            tunix_anchor(args.tunix_python, size, weights, args.reps)
-    if args.episode:
-        episode_bench()
+    # jax first: torch's OpenMP threads keep spinning for a while after each call and would steal
+    # the 2 cores from XLA's threads if jax ran right after torch
+    t_ours = median_time(ours, reps)
+    t_prefill = median_time(ours_prefill, reps)
+    t_hf = median_time(theirs, reps)
+    hf_tokens = theirs()
+    our_tokens = ours()
+    if profile:
+        try:
+            trace_summary(ours, profile)
+        except Exception as e:  # a profiler that does not work there must not cost the measurement
+            print(f"profile failed: {e!r}", flush=True)
+    n = batch * NEW
+    result = {
+        "params_M": round(config.num_params() / 1e6, 1),
+        "batch": batch,
+        "prompt": PROMPT,
+        "new": NEW,
+        "jaxsearch_tok_s": round(n / t_ours),
+        "transformers_tok_s": round(n / t_hf),
+        "ratio": round(t_hf / t_ours, 2),
+        "prefill_ms": round(1e3 * t_prefill, 2),
+        "decode_step_ms": round(1e3 * (t_ours - t_prefill) / NEW, 4),
+        "greedy_token_agreement": float(np.mean(our_tokens == hf_tokens)),
+        "first_token_agreement": float(np.mean(our_tokens[:, 0] == hf_tokens[:, 0])),
+    }
+    return result, hf_tokens, prompts
+
+
+def trace_summary(fn, out_dir: str, top: int = 12) -> None:
+    """Trace one fn() with jax.profiler; keep the xplane file in out_dir and print, per device timeline
+    (plane / line), the events, their busy time and the span, and the costliest event names."""
+    import glob
+    import shutil
+    from collections import Counter
+
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            fn()
+        (path,) = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+        shutil.copy(path, os.path.join(out_dir, "decode.xplane.pb"))
+    data = jax.profiler.ProfileData.from_file(os.path.join(out_dir, "decode.xplane.pb"))
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            events = list(line.events)
+            if not events:
+                continue
+            busy = sum(e.duration_ns for e in events)
+            span = max(e.end_ns for e in events) - min(e.start_ns for e in events)
+            cost = Counter()
+            for e in events:
+                cost[e.name[:80]] += e.duration_ns
+            print(
+                json.dumps(
+                    {
+                        "trace": f"{plane.name} | {line.name}",
+                        "events": len(events),
+                        "busy_ms": round(busy / 1e6, 3),
+                        "span_ms": round(span / 1e6, 3),
+                        "top_ms": {k: round(v / 1e6, 3) for k, v in cost.most_common(top)},
+                    }
+                ),
+                flush=True,
+            )
+
+
+def copy_bandwidth(n_bytes: int = 2**31, reps: int = 20) -> float:
+    """Device memory bandwidth in TB/s: a jitted x + 1 over an n_bytes bf16 array (bytes read + written)."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(n_bytes // 2, np.float32), jnp.bfloat16)
+    add = jax.jit(lambda a: a + 1)
+    t = median_time(lambda: add(x).block_until_ready(), reps)
+    return 2 * n_bytes / t / 1e12
+
+
+def hbm_fraction(config, params, batch: int, step_ms: float, copy_tb_s: float, kind: str) -> dict:
+    """The decode step's memory traffic floor and the bandwidth it reached.
+
+    Floor per step: every weight once (the tied embedding is the lm head, read whole) plus the KV cache's
+    live prefix (prompt + tokens so far, averaged over the segment), each byte once.
+    """
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    itemsize = jnp.dtype(config.dtype).itemsize
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+    kv_bytes = batch * per_token * (PROMPT + (NEW - 1) / 2)
+    reached = (weight_bytes + kv_bytes) / (step_ms / 1e3) / 1e12
+    out = {
+        "weight_GB": round(weight_bytes / 1e9, 3),
+        "kv_read_GB": round(kv_bytes / 1e9, 4),
+        "reached_TB_s": round(reached, 3),
+        "of_copy_bandwidth": round(reached / copy_tb_s, 3),
+    }
+    if "H200" in kind:
+        out["of_h200_datasheet"] = round(reached / H200_HBM_TB_S, 3)
+    return out
 
 
 def tunix_anchor(python: str, size: str, weights: str, reps: int) -> None:
