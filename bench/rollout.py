@@ -195,11 +195,24 @@ def trace_summary(fn, out_dir: str, top: int = 12) -> None:
 
 
 def copy_bandwidth(n_bytes: int = 2**31, reps: int = 20) -> float:
-    """Device memory bandwidth in TB/s: a jitted x + 1 over an n_bytes bf16 array (bytes read + written)."""
+    """Device memory bandwidth in TB/s (bytes read + written), the better of a jitted x + 1 over an n_bytes
+    bf16 array and, where torch sees a GPU, torch's device-to-device copy of one."""
     x = jnp.asarray(np.random.default_rng(0).standard_normal(n_bytes // 2, np.float32), jnp.bfloat16)
     add = jax.jit(lambda a: a + 1)
-    t = median_time(lambda: add(x).block_until_ready(), reps)
-    return 2 * n_bytes / t / 1e12
+    best = 2 * n_bytes / median_time(lambda: add(x).block_until_ready(), reps)
+    del x
+    if torch.cuda.is_available():
+        src = torch.randn(n_bytes // 2, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+
+        def copy():
+            dst.copy_(src)
+            torch.cuda.synchronize()
+
+        best = max(best, 2 * n_bytes / median_time(copy, reps))
+        del src, dst
+        torch.cuda.empty_cache()
+    return best / 1e12
 
 
 def hbm_fraction(config, params, batch: int, step_ms: float, copy_tb_s: float, kind: str) -> dict:
