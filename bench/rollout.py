@@ -16,6 +16,7 @@ device (prefill / decode / append), host retrieval, host parsing and bookkeeping
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,11 +126,8 @@ def compare(config, params, model, torch_device: str, batch: int, reps: int, pro
                 .numpy()
             )
 
-    # jax first: torch's OpenMP threads keep spinning for a while after each call and would steal
-    # the 2 cores from XLA's threads if jax ran right after torch
-    t_ours = median_time(ours, reps)
     t_prefill = median_time(ours_prefill, reps)
-    t_hf = median_time(theirs, reps)
+    t_ours, t_hf, pair_ratios = paired_times(ours, theirs, reps)
     hf_tokens = theirs()
     our_tokens = ours()
     if profile:
@@ -146,12 +144,32 @@ def compare(config, params, model, torch_device: str, batch: int, reps: int, pro
         "jaxsearch_tok_s": round(n / t_ours),
         "transformers_tok_s": round(n / t_hf),
         "ratio": round(t_hf / t_ours, 2),
+        "pair_ratios": [round(r, 2) for r in sorted(pair_ratios)],
         "prefill_ms": round(1e3 * t_prefill, 2),
         "decode_step_ms": round(1e3 * (t_ours - t_prefill) / NEW, 4),
         "greedy_token_agreement": float(np.mean(our_tokens == hf_tokens)),
         "first_token_agreement": float(np.mean(our_tokens[:, 0] == hf_tokens[:, 0])),
     }
     return result, hf_tokens, prompts
+
+
+def paired_times(ours, theirs, reps: int, pause_s: float = 0.3):
+    """Median seconds of ours() and theirs() and the ratio theirs / ours of each pair, timed in alternation
+    (after one untimed call of each), so that a machine whose speed drifts (a shared 2-core VM: 1.4-2.3x
+    between invocations minutes apart) slows both alike. Before each timed ours() comes a pause and one
+    untimed ours(): right after a torch call, torch's OpenMP threads keep spinning and the first jax call
+    ran ~1.6x slower and the second ~1.1x on the 2-core machine (measured, bench/RESULTS.md, issue 17)."""
+    ours(), theirs()
+    t_ours, t_theirs = [], []
+    for _ in range(reps):
+        time.sleep(pause_s)
+        ours()
+        for fn, times in ((ours, t_ours), (theirs, t_theirs)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    ratios = [b / a for a, b in zip(t_ours, t_theirs)]
+    return statistics.median(t_ours), statistics.median(t_theirs), ratios
 
 
 def trace_summary(fn, out_dir: str, top: int = 12) -> None:

@@ -60,9 +60,8 @@ def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
     Scores: one matmul per row of all H query heads against the span's S*K cached keys as laid out, of which
     the K diagonal [query group, kv head] blocks are kept. It computes K times the scores it needs and is
     still the fast form on CPU: at bench/rollout.py's S (K = 2) the multiply-reduce over D it replaces took
-    ~0.19 ms of a ~2.3 ms decode step per layer, this ~0.05 ms. The weighted sum of values is a
-    multiply-reduce over S (YNNPACK's kernel for every batch: [B, S, K, G, D] is large; XLA fuses it with the
-    output projection). exact: the softmax's max and sum in `_fixed_order`."""
+    ~0.19 ms of a ~2.3 ms decode step per layer, this ~0.05 ms. The weighted sum of values is the same
+    trick the other way (`_weighted_values`). exact: the softmax's max and sum in `_fixed_order`."""
     if span is not None:
         k, v, mask = k[:, :span], v[:, :span], mask[:, :, :span]
     b, _, h, d = q.shape
@@ -78,8 +77,33 @@ def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
         probs = unnormalised / _fixed_order(unnormalised, jnp.add, 0.0)[:, None]
     else:
         probs = jax.nn.softmax(scores, axis=1)
-    out = jnp.sum(probs[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B, K, G, D]
-    return out.reshape(b, 1, h, d).astype(v.dtype)
+    return _weighted_values(probs, v, exact).reshape(b, 1, h, d).astype(v.dtype)
+
+
+def _weighted_values(probs, v, exact: bool):
+    """sum_s probs[b, s, k, g] * v[b, s, k, :] -> [B, H, D] (fp32), as matmuls against the cache as laid out:
+    probs spread into a block-diagonal [B, H, S*K] (query head (k, g) weighs only kv head k's entries), times
+    v [B, S*K, D]. K times the products needed, and still faster than the multiply-reduce over S it replaced
+    (a decode step ~10% at bench/rollout.py's S, the lockstep episodes ~8%; bench/RESULTS.md, issue 17).
+    exact: one matmul per SPAN_BLOCK slots, the blocks then added in order, so the slots past a row's keys
+    add exact zeros (its bits follow neither its batch nor the span) and no sum runs over more than
+    SPAN_BLOCK * K terms (one matmul over 1,152 slots strays ~1e-6 from a float64 sum)."""
+    b, s, kvh, g = probs.shape
+    d = v.shape[-1]
+    block = probs[:, :, None] * jnp.eye(kvh, dtype=probs.dtype)[:, :, None]  # [B, S, K (value's head), K, G]
+    weights = jnp.transpose(block, (0, 3, 4, 1, 2)).reshape(b, kvh * g, s * kvh)
+    v = v.reshape(b, s * kvh, d).astype(jnp.float32)
+    if not exact:
+        return jnp.einsum("bhm,bmd->bhd", weights, v)
+    width = SPAN_BLOCK * kvh
+    pad = -(s * kvh) % width
+    weights = jnp.pad(weights, ((0, 0), (0, 0), (0, pad))).reshape(b, kvh * g, -1, width)
+    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, width, d)
+    parts = jnp.einsum("bhnm,bnmd->bnhd", weights, v)
+    total = parts[:, 0]
+    for i in range(1, parts.shape[1]):
+        total = total + parts[:, i]
+    return total
 
 
 def _fixed_order(x, op, pad):
