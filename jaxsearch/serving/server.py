@@ -379,6 +379,9 @@ class AgentServer(http.server.ThreadingHTTPServer):
     """A ThreadingHTTPServer answering the OpenAI routes with `batcher`'s rollouts."""
 
     daemon_threads = True
+    # socketserver's default listen backlog is 5: 16 clients connecting at once on a loaded machine got
+    # "connection reset by peer" (a CI run of tests/test_serve_agent.py, 2026-12-04)
+    request_queue_size = 128
 
     def __init__(self, address, batcher: Batcher, model_name: str, temperature: float, verbose: bool = False):
         self.batcher, self.model_name, self.temperature, self.verbose = (
