@@ -191,6 +191,21 @@ def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own(cache):
             np.testing.assert_array_equal(np.asarray(alone), out[rows])
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 3), (4, 1), (4, 4)])
+def test_cpu_decode_attention_of_a_short_cache_equals_numpy(heads, kv_heads):
+    """Below SPANS_FROM slots the CPU decode attention reads the whole cache in one go (scores and the
+    values' weighted sum each one block-diagonal matmul): softmax attention (float64 reference) for every
+    grouping of query heads over kv heads, including one kv head and none shared."""
+    rng = np.random.default_rng(heads * 10 + kv_heads)
+    b, d, cache = 16, 16, 200
+    q = rng.normal(size=(b, 1, heads, d)).astype(np.float32) * 3
+    k, v = (rng.normal(size=(b, cache, kv_heads, d)).astype(np.float32) for _ in range(2))
+    lengths = rng.integers(1, cache + 1, b)
+    mask = np.arange(cache)[None, None, :] < lengths[:, None, None]
+    out = np.asarray(jax.jit(attention.attend_decode_cpu)(q, k, v, mask))
+    np.testing.assert_allclose(out, _numpy_attention(q, k, v, mask), atol=2e-6)
+
+
 def test_kv_cache_decode_over_a_long_cache_equals_full_forward(tiny):
     """The same over a 512-slot cache with prompts of up to 250 tokens (most of a decode step's keys masked)."""
     _, _, config, params = tiny
