@@ -47,11 +47,11 @@ def main():
     ap.add_argument("--episode", action="store_true", help="also time a 4-turn episode with BM25")
     ap.add_argument("--profile", default="", help="trace one rollout of the first batch into DIR and summarise it")
     args = ap.parse_args()
-    platform = jax.devices()[0].platform
+    platform, kind = jax.devices()[0].platform, jax.devices()[0].device_kind
     # on a GPU both run on it (transformers on torch's CUDA device); on a CPU both on the CPU
     torch_device = "cuda" if platform == "gpu" and torch.cuda.is_available() else "cpu"
     print(
-        f"jax {jax.__version__} {platform} ({jax.devices()[0].device_kind}), torch {torch.__version__} "
+        f"jax {jax.__version__} {platform} ({kind}), torch {torch.__version__} "
         f"on {torch_device}, threads={torch.get_num_threads()}, dtype {args.dtype}",
         flush=True,
     )
@@ -69,14 +69,14 @@ def main():
             profile = args.profile if batch == args.batch[0] else ""
             result, hf_tokens, prompts = compare(config, params, model, torch_device, batch, args.reps, profile)
             if copy_tb_s:
-                kind = jax.devices()[0].device_kind
                 result.update(hbm_fraction(config, params, batch, result["decode_step_ms"], copy_tb_s, kind))
             print(json.dumps({"bench": "rollout", "size": size, "dtype": args.dtype, **result}), flush=True)
             if args.tunix_python and batch == BATCH:  # what the anchor script reads beside the weights
                 np.save(os.path.join(weights, size, "prompts.npy"), prompts)
                 np.save(os.path.join(weights, size, "hf_greedy.npy"), hf_tokens)
                 with torch.inference_mode():
-                    last = model(input_ids=torch.tensor(prompts)).logits[:, -1].numpy()
+                    ids = torch.tensor(prompts, device=torch_device)
+                    last = model(input_ids=ids).logits[:, -1].float().cpu().numpy()
                 np.save(os.path.join(weights, size, "hf_last_logits.npy"), last)
                 tunix_anchor(args.tunix_python, size, weights, args.reps)
     if args.episode:
@@ -86,13 +86,9 @@ def main():
 def compare(config, params, model, torch_device: str, batch: int, reps: int, profile: str = ""):
     """Greedy decode of `batch` random 64-token prompts, NEW tokens each, by both; their times and tokens."""
     prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (batch, PROMPT))
-    vocab = config.vocab_size
-    table = S.StopTable.from_arrays(
-        np.zeros((vocab, S.MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], []
-    )
     smp = S.Sampler(
         config,
-        table,
+        S.StopTable.eos_only(config.vocab_size),
         cache_len=PROMPT + NEW,
         max_segment=NEW,
         sampling=S.SamplingParams(temperature=0.0),

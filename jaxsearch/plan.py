@@ -275,10 +275,7 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dic
     keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P()))
     state = sampler_lib.DecodeState(cache=cache, logits=logits, keys=keys)
     per_row = functools.partial(jax.ShapeDtypeStruct, sharding=lengths.sharding)
-    vocab = config.vocab_size
-    table = sampler_lib.StopTable.from_arrays(
-        np.zeros((vocab, sampler_lib.MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], [0]
-    )
+    table = sampler_lib.StopTable.eos_only(config.vocab_size, [0])
     r = cfg.rollout
     sampling = sampler_lib.SamplingParams(r.temperature, r.top_p, r.top_k)
     if r.scheduler == "slots":

@@ -79,6 +79,12 @@ class StopTable:
         return cls.from_arrays(table, lengths, stop_strings, eos_ids)
 
     @classmethod
+    def eos_only(cls, vocab_size: int, eos_ids: Sequence[int] = ()) -> "StopTable":
+        """A table with no stop strings (no token bytes needed): rows stop at `eos_ids` or their budget."""
+        table = np.zeros((vocab_size, MAX_TOKEN_BYTES), np.uint8)
+        return cls.from_arrays(table, np.zeros(vocab_size, np.int32), [], eos_ids)
+
+    @classmethod
     def from_arrays(cls, table, lengths, stop_strings, eos_ids) -> "StopTable":
         encoded = [s.encode("utf-8") for s in stop_strings]
         if any(not s for s in encoded):
@@ -465,10 +471,7 @@ def generate(
 
     A convenience for users; rollouts use `Sampler` directly.
     """
-    vocab = config.vocab_size
-    table = StopTable.from_arrays(
-        np.zeros((vocab, MAX_TOKEN_BYTES), np.uint8), np.zeros(vocab, np.int32), [], list(stop or [])
-    )
+    table = StopTable.eos_only(config.vocab_size, list(stop or []))
     cache_len = max(len(p) for p in prompt_ids) + max_new_tokens
     sampler = Sampler(
         config,
