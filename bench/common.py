@@ -3,6 +3,8 @@
 import statistics
 import time
 
+from jaxsearch.models.qwen2 import preset
+
 # The sizes of ../shared/anchors (same shapes, so the figures can be read side by side).
 SIZES = {
     "S": dict(
@@ -21,18 +23,10 @@ SIZES = {
         num_attention_heads=8,
         num_key_value_heads=2,
     ),
-    # Qwen2.5-0.5B's shape (its config.json on the Hugging Face hub: vocab 151936, hidden 896, 24 layers,
-    # intermediate 4864, 14 / 2 heads, tied embeddings, rope_theta 1e6); for the GPU measurement
-    "0.5B": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        num_hidden_layers=24,
-        intermediate_size=4864,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        rope_theta=1000000.0,
-    ),
 }
+# Qwen2.5-0.5B's shape, from jaxsearch's preset (its published config.json), for the GPU measurement
+_QWEN_05B = preset("qwen2.5-0.5b").to_hf_dict()
+SIZES["0.5B"] = {k: _QWEN_05B[k] for k in (*SIZES["S"], "rope_theta", "rms_norm_eps")}
 
 
 def hf_model(size: str, seed: int = 0):
