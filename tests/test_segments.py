@@ -239,3 +239,29 @@ def test_qwen_tokens_of_a_search_r1_trajectory():
     assert [tokenizer.token_bytes(i) for i in ids] == [t for t, _ in pairs]
     got = label_batch(np.array([ids]), [len(ids)], tokenizer.token_bytes, TAGS)
     assert got[0].tolist() == [e for _, e in pairs]
+
+
+def test_an_observation_is_labelled_on_its_own_whatever_the_policy_left_open():
+    """A sampled `<think>` left open before a search (the tiny searcher at temperature 1 writes
+    `<think> ... </search><search> q </search>`): the segment ends where the observation begins, the
+    observation is information (its leading newlines other), and the policy's next chunk is labelled afresh."""
+    from jaxsearch.agent.trajectories import HINT, OBSERVATION, POLICY, response_segments
+
+    class Bytes:  # token id i is texts[i]
+        def token_bytes(self, i):
+            return texts[i].encode()
+
+    pairs = {
+        POLICY: [("<think>", TH), (" a", TH), ("</search>", TH), ("<search>", TH), (" q", TH), ("</search>", TH)],
+        OBSERVATION: [("\n\n", OT), ("<information>", INF), ("doc", INF), ("</information>", INF), ("\n\n", OT)],
+        HINT: [("<think>", TH), (" b", TH), ("</think>", TH), ("<answer>", A), ("x", A)],
+    }
+    texts, chunks, want = [], [], []
+    for kind in (POLICY, OBSERVATION, HINT):
+        ids = list(range(len(texts), len(texts) + len(pairs[kind])))
+        texts += [t for t, _ in pairs[kind]]
+        want += [e for _, e in pairs[kind]]
+        chunks.append((kind, ids, None, None))
+    assert response_segments(chunks, Bytes(), TAGS).tolist() == want
+    # labelled as one sequence, the observation would sit inside the open <think>
+    assert set(label_token_segments([t.encode() for t in texts], TAGS)[6:11].tolist()) == {TH}

@@ -17,7 +17,8 @@ The rule, on the concatenated bytes of a sequence:
   (`">\\n<"`) belongs to the one it closes.
 
 Label the generated part of a trajectory (policy segments and observations): the method prompts quote
-tags in their instructions, some unclosed (SOAR's "<think> , <search> ... sequences").
+tags in their instructions, some unclosed (SOAR's "<think> , <search> ... sequences"). A rollout labels
+each observation on its own (`trajectories.response_segments`), so a tag the policy left open ends there.
 """
 
 from __future__ import annotations

@@ -98,6 +98,23 @@ def _or_zeros(x, n):
     return np.zeros(n, np.float32) if x is None else np.asarray(x, np.float32)
 
 
+def response_segments(chunks, tokenizer, tags) -> np.ndarray:
+    """Segment ids [T] int32 of a row's response (its chunks after the prompt: prompts quote tags). Each
+    observation is labelled on its own: a segment the policy left open (`<think> ... <search>q</search>`
+    sampled without `</think>`) ends where the retriever's text begins, which is labelled by its own tags."""
+    runs, policy = [], []  # policy: the policy's (and hints') tokens since the last observation
+    for kind, ids, *_ in chunks:
+        if kind == OBSERVATION:
+            runs, policy = runs + [policy, ids], []
+        else:
+            policy = policy + list(ids)
+    labels = [
+        segments.label_token_segments([tokenizer.token_bytes(int(t)) for t in run], tags)
+        for run in runs + [policy]
+    ]
+    return np.concatenate(labels).astype(np.int32)
+
+
 def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectories:
     """The rows' prompts and chunks as right-padded [B, L] arrays, with their host records."""
     b = len(rows)
@@ -115,10 +132,7 @@ def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectorie
             ent[i, pos : pos + n] = en
             pos += n
         attn[i, :pos] = 1
-        # segments are labelled over the response only (prompts quote tags)
-        seg_ids[i, start:pos] = segments.label_token_segments(
-            [tokenizer.token_bytes(int(t)) for t in tokens[i, start:pos]], protocol.segment_tags
-        )
+        seg_ids[i, start:pos] = response_segments(row.chunks, tokenizer, protocol.segment_tags)
     responses = ["".join(t for kind, t in r.texts if kind != HINT) for r in rows]
     external = [
         "".join(
