@@ -1,5 +1,6 @@
 """The multi-turn episode driver: masks, observations, turn limits and budgets on a tiny world."""
 
+import functools
 import time
 
 import numpy as np
@@ -201,19 +202,23 @@ def _assert_same_episodes(a, b, order=None):
 
 
 @pytest.mark.parametrize(
-    "name, slots, steps, temperature, delay",
+    "name, slots, steps, temperature, delay, smallest_width",
     [
-        ("search_r1", 3, 16, 0.0, 0.0),
-        ("search_r1", 8, 1, 0.0, 0.0),
-        ("eka", 5, 48, 0.0, 0.0),
-        ("search_r1", 3, 7, 1.0, 0.0),
-        ("search_r1", 4, 4, 0.0, 0.05),
-        ("soar", 3, 7, 1.0, 0.0),
-        ("rsearch", 4, 5, 1.0, 0.0),
+        ("search_r1", 3, 16, 0.0, 0.0, 8),
+        ("search_r1", 8, 1, 0.0, 0.0, 2),
+        ("eka", 5, 48, 0.0, 0.0, 8),
+        ("search_r1", 3, 7, 1.0, 0.0, 8),
+        ("search_r1", 4, 4, 0.0, 0.05, 8),
+        ("soar", 3, 7, 1.0, 0.0, 8),
+        ("rsearch", 4, 5, 1.0, 0.0, 1),
     ],
 )
-def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, slots, steps, temperature, delay):
-    """Episodes in decode slots (fewer slots than rows: finished rows' slots take waiting rows) equal the
+def test_decode_slots_give_the_lockstep_episodes(
+    searcher, monkeypatch, name, slots, steps, temperature, delay, smallest_width
+):
+    """Episodes in decode slots (fewer slots than rows: finished rows' slots take waiting rows; once none
+    waits, rows move down into the free slots, and with smallest_width below the slots the calls decode only
+    the first slots that hold the active rows) equal the
     lockstep rollout's, whatever the number of slots, the steps per call or the rows' arrival order: greedy,
     and sampled too (a row samples with its own key folded with its cache position, so the schedule cannot
     change what it draws: RL's rollouts, hence its learning curves, are the lockstep ones). The sampled rows
@@ -224,8 +229,10 @@ def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, sl
     search, not per call."""
     from jaxsearch.agent.slots import Slots
 
-    copies = []
+    copies, moves = [], []
     monkeypatch.setattr(Slots, "copy_prompt", _counted(Slots.copy_prompt, copies))
+    monkeypatch.setattr(Slots, "move", _counted(Slots.move, moves))
+    monkeypatch.setattr(engine_lib, "Slots", functools.partial(Slots, smallest_width=smallest_width))
     config, params, tok, world, retriever = searcher
     protocol = get_protocol(name)
     if name == "soar":  # the tiny model writes no numbered facts: its whole generation stands as one
@@ -253,6 +260,7 @@ def test_decode_slots_give_the_lockstep_episodes(searcher, monkeypatch, name, sl
     else:
         assert copies and len(set(map(tuple, lockstep.tokens.tolist()))) == 16  # copied, yet each row its own
     assert len(set(lockstep.turns.tolist())) > 1  # rows really finish at different turns
+    assert moves  # rows finished while others decoded, and the others moved down
     if delay:  # a search ran while a decode call was in flight
         assert any(events[i : i + 3] == ["decode", "search", "fetch"] for i in range(len(events)))
 

@@ -126,6 +126,27 @@ def test_extend_appends_at_each_rows_own_offset(tiny):
     assert list(np.asarray(cache["lengths"])) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
 
 
+def test_extend_of_a_caches_first_rows_keeps_the_others(tiny):
+    """Tokens for B rows appended to a cache of more rows (the decode slots' prefix): the first B rows get
+    what a B-row cache gets, over a span and not; the rows past them keep every bit."""
+    _, _, config, params = tiny
+    rng = np.random.default_rng(11)
+    for s in (64, 1024):  # one span, spans
+        shape = (config.num_hidden_layers, 5, s, config.num_key_value_heads, config.head_dim)
+        k, v = (tuple(jnp.asarray(rng.normal(size=shape), jnp.float32)) for _ in range(2))
+        full = {"k": k, "v": v, "lengths": jnp.asarray([7, 3, 20, 9, 1], jnp.int32)}
+        head = {name: jax.tree.map(lambda a: a[:2], full[name]) for name in full}
+        ids = rng.integers(0, config.vocab_size, (2, 6))
+        logits, new = qwen2.extend_over_span(config, params, full, ids)
+        ref_logits, ref = qwen2.extend_over_span(config, params, head, ids)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(new["lengths"]), [13, 9, 20, 9, 1])
+        for name in ("k", "v"):
+            for a, b, old in zip(new[name], ref[name], full[name]):
+                np.testing.assert_allclose(np.asarray(a[:2]), np.asarray(b), atol=1e-5, rtol=1e-5)
+                np.testing.assert_array_equal(np.asarray(a[2:]), np.asarray(old[2:]))
+
+
 def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
     """Appending over the first span of a 1,024-slot cache that holds the rows' keys (128, 256, 512 or all
     slots) gives extend's logits and cache; slots past the rows' keys keep what they held, bit for bit."""

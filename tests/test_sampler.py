@@ -340,11 +340,13 @@ def test_sampler_on_a_mesh_shards_the_batch_and_samples_the_same_tokens(model):
     assert out[0][2].cache["k"][0].sharding.is_fully_replicated
 
 
-@pytest.mark.parametrize("steps", [1, 5, 48])
-def test_decode_slots_give_the_samplers_segments(model, steps):
+@pytest.mark.parametrize("steps, smallest_width", [(1, 4), (5, 4), (48, 4), (5, 1), (1, 2)])
+def test_decode_slots_give_the_samplers_segments(model, steps, smallest_width):
     """Rows inserted one at a time into 4 decode slots, `steps` tokens per call, a finished row's slot taking
-    the next row: each row's segment is the lockstep sampler's (tokens, log-probs, length, stop code), with
-    stop strings split across tokens and budgets of 1 and 7 tokens."""
+    the next row, and once none waits, the highest row moved into it: each row's segment is the lockstep
+    sampler's (tokens, log-probs, length, stop code), with stop strings split across tokens and budgets of 1
+    and 7 tokens. With smallest_width below 4 the calls decode only the first 1 / 2 slots where those hold
+    every active one (rows moved there)."""
     from jaxsearch.agent.slots import Slots
 
     _, config, params = model
@@ -356,8 +358,8 @@ def test_decode_slots_give_the_samplers_segments(model, steps):
     budgets = np.array([48, 48, 7, 48, 1, 30, 48, 48, 48], np.int32)
     ref, _ = smp.decode(params, smp.start(params, prompts, keys), budgets)
 
-    slots = Slots(smp, steps)
-    state, waiting, occupant, got = slots.empty(4), list(range(9)), [None] * 4, {}
+    slots = Slots(smp, steps, smallest_width)
+    state, waiting, occupant, got, moves = slots.empty(4), list(range(9)), [None] * 4, {}, 0
     parts = [[] for _ in range(4)]
     for slot in (3, 2, 1, 0):
         i = waiting.pop(0)
@@ -377,6 +379,13 @@ def test_decode_slots_give_the_samplers_segments(model, steps):
                     j = waiting.pop(0)
                     state = slots.insert(params, state, slot, prompts[j], budgets[j], key=jax.random.key_data(keys[j]))
                     occupant[slot] = j
+        top = max((s for s, i in enumerate(occupant) if i is not None), default=-1)
+        free = [s for s, i in enumerate(occupant) if i is None and s < top]
+        if not waiting and free:  # the row of the highest slot, mid-segment, moved down
+            state = slots.move(state, top, free[0])
+            occupant[free[0]], occupant[top], parts[free[0]], parts[top] = occupant[top], None, parts[top], []
+            moves += 1
+    assert moves >= 1 or steps == 48  # 48 steps: every row ends its segment in the call it starts
     n_stopped = 0
     for i in range(9):
         (tokens, logprobs), stop = got[i]

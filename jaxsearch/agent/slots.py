@@ -8,13 +8,15 @@ append) for every row: each turn waits for its slowest row. Slots let rows proce
     state = slots.insert(params, state, slot, prompt_ids, budget, key=key_data)  # a new row (resets the slot)
     state = slots.copy_prompt(state, slot, other, budget, key_data2)  # another new row, the same prompt
     state = slots.insert(params, state, slot, observation_ids, budget)           # the same row, next segment
+    state = slots.move(state, slot, lower_slot)  # a row moved down, once rows finish and none waits
     out, state = slots.decode(params, state)     # dispatched, not waited for: the host works meanwhile
     result = slots.fetch(out)                    # host arrays of that call
 
 One `decode` call runs up to `steps_per_call` decode steps of `sampler.decode_loop` for the active slots
-(fixed shapes, stop strings / EOS / budgets detected on the device). `insert` prefills a chunk into one slot
-chosen by a traced index, so every slot shares one compile per chunk bucket. A row samples with its own key
-and its own cache length as the counter, as in the lockstep rollout, so its tokens do not depend on the
+(fixed shapes, stop strings / EOS / budgets detected on the device) over the first slots that hold every
+active one (8, 16, 32, ... or all: a switch on the device, one compile). `insert` prefills a chunk into one
+slot chosen by a traced index, so every slot shares one compile per chunk bucket. A row samples with its own
+key and its own cache length as the counter, as in the lockstep rollout, so its tokens do not depend on the
 slot it runs in, the other rows, or how its segment is split into calls.
 """
 
@@ -30,8 +32,9 @@ import numpy as np
 
 from jaxsearch import multihost, parallel
 from jaxsearch.agent import sampler as sampler_lib
-from jaxsearch.agent.sampler import DecodeState, Sampler
+from jaxsearch.agent.sampler import DecodeState, Sampler, decode_loop
 from jaxsearch.models import qwen2
+from jaxsearch.models.spans import default_buckets, first_span
 
 
 @jax.tree_util.register_dataclass
@@ -61,14 +64,53 @@ class StepsResult:
     active: np.ndarray
 
 
-def decode_steps(config, params, slots: SlotState, table, sampling, steps: int):
+def decode_steps(config, params, slots: SlotState, table, sampling, steps: int, widths: tuple[int, ...] = ()):
     """Up to `steps` tokens for each active slot. Returns ((tokens, logprobs, entropy, length, stop,
-    active), new SlotState)."""
-    out = sampler_lib.decode_loop(
-        config, params, slots.decode, slots.active, slots.budget, slots.window, table, sampling, steps
-    )
-    new = SlotState(decode=out.state, active=out.active, budget=out.budget, window=out.window)
-    return (out.tokens, out.logprobs, out.entropy, out.length, out.stop, out.active), new
+    active), new SlotState).
+
+    widths (ascending, the last = n slots; () = (n,)): the call decodes the first `width` slots, the
+    smallest width that holds every active slot (picked on the device): on CPU a step costs about its
+    rows, so the last rows of a rollout, moved into the lowest slots, decode as a batch of their own size."""
+    n = slots.active.shape[0]
+    widths = widths or (n,)
+    if widths[-1] != n:
+        raise ValueError(f"widths {widths} must end at the {n} slots")
+
+    def over(w):
+        def run(slots: SlotState):
+            st = slots.decode
+            head = DecodeState(cache=st.cache, logits=st.logits[:w], keys=st.keys[:w])  # the whole cache
+            active, budget, window = slots.active[:w], slots.budget[:w], slots.window[:w]
+            out = decode_loop(config, params, head, active, budget, window, table, sampling, steps)
+
+            def put(whole, part):
+                return jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=0)
+
+            def pad(x, value):  # [w, ...] -> [n, ...]
+                return jnp.pad(x, [(0, n - w)] + [(0, 0)] * (x.ndim - 1), constant_values=value)
+
+            logits = put(st.logits, out.state.logits)
+            new = SlotState(
+                decode=DecodeState(cache=out.state.cache, logits=logits, keys=st.keys),
+                active=put(slots.active, out.active),
+                budget=put(slots.budget, out.budget),
+                window=put(slots.window, out.window),
+            )
+            results = (out.tokens, out.logprobs, out.entropy, out.length)
+            stop = pad(out.stop, sampler_lib.STOP_BUDGET)
+            return (*(pad(x, 0) for x in results), stop, new.active), new
+
+        return run
+
+    if len(widths) == 1:
+        return over(n)(slots)
+    highest = jnp.max(jnp.where(slots.active, jnp.arange(1, n + 1), 0))  # slots up to the last active one
+    return jax.lax.switch(first_span(widths, highest), [over(w) for w in widths], slots)
+
+
+def slot_widths(n: int, smallest: int) -> tuple[int, ...]:
+    """The widths `decode_steps` picks from for n slots: powers of two from `smallest` below n, and n."""
+    return default_buckets(n, smallest) if n > smallest else (n,)
 
 
 def _row(x, slot):
@@ -117,38 +159,49 @@ def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, 
     return _start_segment(slots, slot, new_cache, put(st.logits, logits), keys, budget)
 
 
+def _copy_slot(slots: SlotState, src, dst) -> SlotState:
+    """`slots` with everything of slot `dst` ([] int32, traced) replaced by slot `src`'s."""
+    return jax.tree.map(lambda x: _put(x, dst, _row(x, src)), slots)
+
+
 def copy_prompt(slots: SlotState, src, dst, key_data, budget):
     """Start a new row in slot `dst` ([] int32, traced) from the prompt prefilled in slot `src`: its cache
     row and next-token logits copied, its own key (key_data [2] uint32) and a segment of `budget` tokens.
     The GRPO group's other samples of a question so skip their prefill."""
-
-    def copy(x):
-        return _put(x, dst, _row(x, src))
-
-    st, cache = slots.decode, slots.decode.cache
-    new_cache = {
-        "k": tuple(map(copy, cache["k"])),
-        "v": tuple(map(copy, cache["v"])),
-        "lengths": copy(cache["lengths"]),
-    }
+    st = _copy_slot(slots, src, dst).decode
     keys = _put(jax.random.key_data(st.keys), dst, key_data[None])
-    return _start_segment(slots, dst, new_cache, copy(st.logits), keys, budget)
+    return _start_segment(slots, dst, st.cache, st.logits, keys, budget)
+
+
+def move(slots: SlotState, src, dst) -> SlotState:
+    """The row in slot `src` ([] int32, traced) moved to slot `dst`, all of it (cache row, logits, key,
+    segment); `src` left inactive."""
+    moved = _copy_slot(slots, src, dst)
+    return dataclasses.replace(moved, active=_put(moved.active, src, jnp.zeros((1,), bool)))
 
 
 class Slots:
     """The jitted decode / insert functions for the decode slots of one `Sampler` (its config, cache
     length, stop table, sampling, buckets and mesh)."""
 
-    def __init__(self, sampler: Sampler, steps_per_call: int = 16):
+    def __init__(self, sampler: Sampler, steps_per_call: int = 16, smallest_width: int | None = None):
+        """smallest_width: the fewest slots a decode call decodes (`decode_steps`' widths); None: 8 where the
+        slots sit on one CPU device, else all of them (an accelerator's decode step reads every weight
+        whatever its rows, and the first slots of a batch sharded over a mesh sit on its first devices)."""
         if steps_per_call < 1:
             raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
-        self.sampler, self.steps_per_call = sampler, steps_per_call
-        self._decode, self._insert, self._empty, self._copy = _jitted(sampler.mesh)
+        if smallest_width is None:
+            one_cpu = sampler.mesh is None or sampler.mesh.size == 1
+            smallest_width = 8 if one_cpu and jax.default_backend() == "cpu" else 2**31 - 1
+        if smallest_width < 1:
+            raise ValueError(f"smallest_width must be >= 1, got {smallest_width}")
+        self.sampler, self.steps_per_call, self.smallest_width = sampler, steps_per_call, smallest_width
+        self._decode, self._insert, self._empty, self._copy, self._move = _jitted(sampler.mesh)
         self._no_key = np.zeros(jax.random.key_data(jax.random.key(0)).shape, np.uint32)
 
     def compiled_count(self) -> int:
-        """Compiled variants of decode / insert / empty / copy (jax caches them per function)."""
-        return sum(f._cache_size() for f in (self._decode, self._insert, self._empty, self._copy))
+        """Compiled variants of decode / insert / empty / copy / move (jax caches them per function)."""
+        return sum(f._cache_size() for f in (self._decode, self._insert, self._empty, self._copy, self._move))
 
     def empty(self, n: int) -> SlotState:
         """n empty, inactive slots."""
@@ -184,10 +237,14 @@ class Slots:
         in `src`, which must not have decoded since; dispatches only."""
         return self._copy(state, np.int32(src), np.int32(dst), np.asarray(key, np.uint32), np.int32(budget))
 
+    def move(self, state: SlotState, src: int, dst: int) -> SlotState:
+        """The row in slot `src` moved to slot `dst` (whose row is dropped), as it is; dispatches only."""
+        return self._move(state, np.int32(src), np.int32(dst))
+
     def decode(self, params, state: SlotState):
         """Dispatch one decode call. Returns (device outputs for `fetch`, new SlotState)."""
-        s = self.sampler
-        return self._decode(s.config, params, state, s.table, s.sampling, self.steps_per_call)
+        s, widths = self.sampler, slot_widths(state.active.shape[0], self.smallest_width)
+        return self._decode(s.config, params, state, s.table, s.sampling, self.steps_per_call, widths)
 
     @staticmethod
     def fetch(out) -> StepsResult:
@@ -203,14 +260,15 @@ def jit_decode_steps(mesh: jax.sharding.Mesh | None = None):
 
 @functools.lru_cache(maxsize=None)
 def _jitted(mesh: jax.sharding.Mesh | None):
-    """(decode_steps, insert, _empty, copy_prompt) jitted once per mesh (under its activation sharding), the
-    slot state donated: every `Slots` of a process shares their compiles."""
+    """(decode_steps, insert, _empty, copy_prompt, move) jitted once per mesh (under its activation sharding),
+    the slot state donated: every `Slots` of a process shares their compiles."""
     shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
     return (
-        jax.jit(shard(decode_steps), static_argnums=(0, 4, 5), donate_argnums=(2,)),
+        jax.jit(shard(decode_steps), static_argnums=(0, 4, 5, 6), donate_argnums=(2,)),
         jax.jit(shard(insert), static_argnums=(0,), donate_argnums=(2,)),
         jax.jit(shard(_empty), static_argnums=(0, 1, 2, 3)),
         jax.jit(shard(copy_prompt), donate_argnums=(0,)),
+        jax.jit(shard(move), donate_argnums=(0,)),
     )
 
 

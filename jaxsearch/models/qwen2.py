@@ -578,7 +578,8 @@ def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> dic
 def extend(
     config: Qwen2Config, params: Params, cache: dict, tokens, token_mask=None, all_logits: bool = False
 ):
-    """Append tokens [B, T] (token_mask [B, T]: 1 = append, 0 = skip) to each row of the cache.
+    """Append tokens [B, T] (token_mask [B, T]: 1 = append, 0 = skip) to the first B rows of the cache (its
+    other rows, if it has more, are kept as they are: the decode slots decode a prefix of theirs).
 
     Row b's valid tokens go, in order, to slots lengths[b], lengths[b]+1, ... with matching positions;
     skipped entries write nothing. Returns (logits, new cache): logits [B, V] of each row's last appended
@@ -590,10 +591,13 @@ def extend(
     token_mask = token_mask.astype(bool)
     b, t = tokens.shape
     s = cache["k"][0].shape[1]
+    lengths = cache["lengths"][:b]
     offset = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1  # index among the row's valid tokens
-    slot = cache["lengths"][:, None] + offset  # [B, T] slot (== position)
+    slot = lengths[:, None] + offset  # [B, T] slot (== position)
     write_slot = jnp.where(token_mask, slot, s)  # s: out of range, dropped
-    new_lengths = cache["lengths"] + token_mask.sum(axis=1, dtype=jnp.int32)
+    new_lengths = jax.lax.dynamic_update_slice_in_dim(
+        cache["lengths"], lengths + token_mask.sum(axis=1, dtype=jnp.int32), 0, axis=0
+    )
     # query at slot p sees keys at slots <= p; skipped queries see slot 0 only (finite, ignored)
     key_slots = jnp.arange(s)
     q_slot = jnp.where(token_mask, slot, 0)
@@ -605,7 +609,7 @@ def extend(
             k_cache, v_cache = cache["k"][layer], cache["v"][layer]
             k_all = k_cache.at[rows, write_slot].set(k.astype(k_cache.dtype), mode="drop")
             v_all = v_cache.at[rows, write_slot].set(v.astype(v_cache.dtype), mode="drop")
-            return k_all, v_all, (k_all, v_all)
+            return k_all[:b], v_all[:b], (k_all, v_all)
 
         return kv_write
 
@@ -654,7 +658,8 @@ def extend_over_span(config: Qwen2Config, params: Params, cache: dict, tokens, t
 
         return run
 
-    needed = jnp.max(cache["lengths"] + jnp.sum(token_mask.astype(bool), axis=1, dtype=jnp.int32))
+    appended = jnp.sum(token_mask.astype(bool), axis=1, dtype=jnp.int32)
+    needed = jnp.max(cache["lengths"][: tokens.shape[0]] + appended)
     return jax.lax.switch(first_span(spans, needed), [over(n) for n in spans], cache)
 
 
