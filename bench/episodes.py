@@ -9,7 +9,8 @@ segments up to 128 tokens, prompts and observations padded to the training sampl
 buckets. Lockstep runs `--slots` rows per sampler call (its `micro_batch`); the slot engine
 the same number of slots. Each line: wall seconds (median of --reps, the variants interleaved), the ratio
 lockstep / slots, the device-idle fraction (1 - device busy / wall; the slot engine's busy time is a lower
-bound, so its idle fraction an upper bound), and whether the trajectories are identical token for token.
+bound, so its idle fraction an upper bound), whether the trajectories are identical token for token, and the
+untimed first rollout's seconds (compiles included, where an earlier line's engine did not compile them).
 --latency-ms adds a fixed delay to every retriever call (a remote retriever). --group G --temperature 1 is a
 GRPO rollout: each question G times, sampled (`--rows` counts questions); --top-p 0.95 samples as the configs'
 rollouts do (Search-R1's veRL default).
@@ -76,7 +77,11 @@ def main():
         engines = {"lockstep": AgentEngine(tok, protocol, retriever, smp, limits, micro_batch=n)}
         for steps in args.steps:
             engines[f"slots/{steps}"] = engines["lockstep"].replace(scheduler="slots", steps_per_call=steps)
-        trajs = {name: e.rollout(params, questions, 0) for name, e in engines.items()}  # warm-up
+        trajs, first = {}, {}
+        for name, e in engines.items():  # warm-up: a fresh process's first rollout of each compiles its calls
+            t = time.perf_counter()
+            trajs[name] = e.rollout(params, questions, 0)
+            first[name] = time.perf_counter() - t
         walls = {name: [] for name in engines}
         device = {name: [] for name in engines}
         for _ in range(args.reps):
@@ -98,6 +103,7 @@ def main():
                 "latency_ms": args.latency_ms,
                 "turns_histogram": turns,
                 "wall_s": round(wall, 3),
+                "first_rollout_s": round(first[name], 2),
                 "speedup": round(base / wall, 2),
                 "device_idle": round(idle, 3),
                 "identical_to_lockstep": same(trajs[name], trajs["lockstep"]),
