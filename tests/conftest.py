@@ -8,14 +8,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent XLA compilation cache for this test session, in-process and in the training subprocesses the
 # tests start (they inherit the environment): runs of the same tiny shapes (a run, its killed copy, its resume)
 # compile each program once. Removed at exit; compiles under a second are not cached (JAX's default).
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
+# The tiny searcher that the tests train (`train_tiny_searcher`) goes to a fresh directory too, so every run is a
+# fresh machine's run: nothing a test needs may come from an earlier run. Set JAXSEARCH_TEST_CACHE=DIR to keep it
+# between runs while working on one test. pytest-xdist's workers inherit both from the controller's environment.
+import atexit
+import shutil
+import tempfile
 
-    _xla_cache = tempfile.mkdtemp(prefix="jaxsearch-tests-xla-cache-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
-    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
+for _variable, _prefix in [
+    ("JAX_COMPILATION_CACHE_DIR", "jaxsearch-tests-xla-cache-"),
+    ("JAXSEARCH_TEST_CACHE", "jaxsearch-tests-cache-"),
+]:
+    if _variable not in os.environ:
+        os.environ[_variable] = tempfile.mkdtemp(prefix=_prefix)
+        atexit.register(shutil.rmtree, os.environ[_variable], ignore_errors=True)
 
 
 import threading

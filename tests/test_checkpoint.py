@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxsearch import checkpoint
 from jaxsearch.checkpoint import TrainCheckpointer
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -228,7 +229,7 @@ def _run_script(body, workdir):
     )
 
 
-def _wait_for_line(proc, prefix, timeout=60):
+def _wait_for_line(proc, prefix, timeout=HANG_S):
     deadline = time.time() + timeout
     while time.time() < deadline:
         line = proc.stdout.readline()
@@ -257,13 +258,13 @@ def test_sigkill_during_async_saves_leaves_a_restorable_latest(tmp_path):
     )
     _wait_for_line(proc, "saving 3")
     directory = os.path.join(tmp_path, "checkpoints")
-    deadline = time.time() + 30
+    deadline = time.time() + HANG_S
     while (
         not any(".orbax-checkpoint-tmp" in name for name in os.listdir(directory)) and time.time() < deadline
     ):
         time.sleep(0.001)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=HANG_S)
     proc.stdout.close()
     proc.stderr.close()
     left = os.listdir(directory)
@@ -307,7 +308,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     _wait_for_line(proc, "step 3")
     proc.send_signal(signal.SIGTERM)
     saved = int(_wait_for_line(proc, "saved").split()[1])
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=HANG_S) == 0
     proc.stdout.close()
     proc.stderr.close()
     step, state, meta = TrainCheckpointer(str(tmp_path), save_every=1000).restore_latest(

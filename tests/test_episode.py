@@ -259,10 +259,49 @@ def test_decode_slots_give_the_lockstep_episodes(
         _assert_same_episodes(engine.rollout(params, questions[::-1], 0), lockstep, order=np.arange(8)[::-1])
     else:
         assert copies and len(set(map(tuple, lockstep.tokens.tolist()))) == 16  # copied, yet each row its own
-    assert len(set(lockstep.turns.tolist())) > 1  # rows really finish at different turns
-    assert moves  # rows finished while others decoded, and the others moved down
     if delay:  # a search ran while a decode call was in flight
         assert any(events[i : i + 3] == ["decode", "search", "fetch"] for i in range(len(events)))
+
+    # The same with the rows' ends scripted, so that rows certainly finish at different turns and a row
+    # certainly moves down, whatever the tiny model samples on this machine.
+    n = min(slots, len(questions))
+    long_row = _top_slot_row_of_the_last_full_round(n, len(questions))
+    _script_row_ends(monkeypatch, protocol, long_row)
+    scripted = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 0)
+    moves.clear()
+    _assert_same_episodes(engine.rollout(params, questions, 0), scripted)
+    assert sorted(set(scripted.turns.tolist())) == [1, cfg.max_turns + 1]  # rows finish at different turns
+    assert moves  # rows finished while another decoded, and it moved down
+
+
+def _top_slot_row_of_the_last_full_round(slots: int, rows: int) -> int:
+    """The row that the slot engine puts in its top slot in the last round that fills every slot, when every
+    other row ends in the decode call it starts in (rows enter the free slots in order, lowest slot first).
+    The rounds after it fill fewer than all the slots below it, or none, and its other rows end in one call:
+    a slot below it is free while it still decodes, so it moves down."""
+    return rows - 1 if rows % slots == 0 else slots * (rows // slots) - 1
+
+
+def _script_row_ends(monkeypatch, protocol, long_row: int):
+    """Every row but `long_row` decodes one token (a budget of 1) in its only turn; every segment reads as a
+    search, so `long_row` searches until its last turn (max_turns + 1 segments, a decode call or more each).
+    Lockstep and slots both ask `_budgets` and `_act_row` with the rollout's row index."""
+    from jaxsearch.agent.protocols import Action
+
+    budgets, act_row = AgentEngine._budgets, AgentEngine._act_row
+
+    def one_token_budgets(self, rows, active):
+        budget = budgets(self, rows, active)
+        short = [i for i in active if i != long_row]
+        budget[short] = np.minimum(budget[short], 1)
+        return budget
+
+    def one_turn_unless_long(self, rows, i, segment, final, searches, hints):
+        act_row(self, rows, i, segment, final or i != long_row, searches, hints)
+
+    monkeypatch.setattr(AgentEngine, "_budgets", one_token_budgets)
+    monkeypatch.setattr(AgentEngine, "_act_row", one_turn_unless_long)
+    monkeypatch.setattr(protocol, "parse_action", lambda text: Action("search", text.strip() or "?"))
 
 
 def _recorded(function, events, name):

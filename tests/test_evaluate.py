@@ -22,6 +22,7 @@ from jaxsearch.eval import evaluate as ev
 from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, normalize_answer, sub_exact_match
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
 from jaxsearch.agent import segments
+from hang import HANG_S
 
 # pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
 pytestmark = pytest.mark.xdist_group("evaluate")
@@ -32,7 +33,7 @@ SAMPLES = sorted(p.name for p in (ROOT / "tests" / "data" / "qa").iterdir())
 TINY_LIMIT = 16
 
 
-def cli(*args, timeout=300):
+def cli(*args, timeout=HANG_S):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # one CPU device: faster than 8 fake ones
     return subprocess.run(
         [sys.executable, str(EVAL), *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout

@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 import build_hypergraph as build_cli
 from net import free_port
+from hang import HANG_S
 
 E = EntityMention
 
@@ -216,7 +217,7 @@ def test_fuse_counts_every_occurrence_and_keeps_first_seen_on_ties():
 def graph_r1_agent_search(url, queries):
     """What Graph-R1's SearchTool.batch_execute does: POST {"queries": [...]} to /search, `.json()` the reply;
     each item is the tool's result string, shown to the model verbatim and checked with `"results" in result`."""
-    results = httpx.post(url + "/search", json={"queries": queries}, timeout=30).json()
+    results = httpx.post(url + "/search", json={"queries": queries}, timeout=HANG_S).json()
     assert isinstance(results, list) and len(results) == len(queries)
     assert all(isinstance(r, str) and "results" in r for r in results)
     return results
@@ -486,7 +487,7 @@ def test_world_build_cli_and_serve_retriever(tmp_path, world):
                              "hypergraph", "--index", out, "--port", str(port)], stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + HANG_S
         while True:
             assert proc.poll() is None, proc.stderr.read().decode()
             try:
@@ -503,7 +504,7 @@ def test_world_build_cli_and_serve_retriever(tmp_path, world):
         assert [[d["contents"] for d in docs] for docs in body["result"]] == [[d.contents for d in docs] for docs in local]
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
         proc.stderr.close()
     with pytest.raises(ValueError, match="needs index"):
         make_retriever("hypergraph")

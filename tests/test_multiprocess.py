@@ -15,9 +15,9 @@ import multiprocess_worker as worker
 from jaxsearch import checkpoint, parallel
 from jaxsearch.models import hf_io
 from net import free_port
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_S = 900  # a hang's bound, not a speed test: pytest-xdist runs another test beside these processes
 
 
 def start_workers(out_dir: str) -> list[tuple[subprocess.Popen, str]]:
@@ -46,8 +46,8 @@ def start_workers(out_dir: str) -> list[tuple[subprocess.Popen, str]]:
 
 
 def wait_workers(procs) -> None:
-    """Wait for both (up to TIMEOUT_S); on a failure or timeout kill the rest and fail with their logs."""
-    deadline = time.monotonic() + TIMEOUT_S
+    """Wait for both (up to HANG_S); on a failure or timeout kill the rest and fail with their logs."""
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         codes = [p.poll() for p, _ in procs]
         if all(c == 0 for c in codes) or any(c not in (None, 0) for c in codes):
@@ -62,7 +62,7 @@ def wait_workers(procs) -> None:
             f"\n--- worker {i} (exit {p.returncode}) ---\n{open(log).read()[-6000:]}"
             for i, (p, log) in enumerate(procs)
         )
-        raise AssertionError(f"multi-process workers failed or timed out after {TIMEOUT_S} s:{logs}")
+        raise AssertionError(f"multi-process workers failed or timed out after {HANG_S} s:{logs}")
 
 
 @pytest.mark.slow  # started first under pytest-xdist (conftest)

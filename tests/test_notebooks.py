@@ -18,6 +18,7 @@ NOTEBOOK = os.path.join(NOTEBOOKS, "entropy_curves.ipynb")
 sys.path.insert(0, NOTEBOOKS)
 
 import runs  # noqa: E402
+from hang import HANG_S
 
 # pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
 pytestmark = pytest.mark.xdist_group("notebooks")
@@ -106,7 +107,7 @@ def two_runs(tmp_path_factory):
     extra = {"baseline": [], "eka": ["--config.protocol.name=eka"]}
     for name, workdir in dirs.items():
         cmd = [sys.executable, "launch/train.py", *TRAIN_FLAGS, f"--workdir={workdir}", *extra[name]]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, f"{name} training failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return dirs
 
@@ -128,7 +129,7 @@ def _execute(runs_map, out_dir, monkeypatch):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook cleared"
     NotebookClient(
-        nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": NOTEBOOKS}}
+        nb, kernel_name="python3", timeout=HANG_S, resources={"metadata": {"path": NOTEBOOKS}}
     ).execute()
     text = "\n".join(
         o.get("text", "")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +32,7 @@ TINY = [
 def run_plan(*args):
     cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "configs/search_r1_7b.py"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

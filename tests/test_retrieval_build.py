@@ -13,6 +13,7 @@ from sentence_transformers import SentenceTransformer
 from jaxsearch.retrieval import make_retriever
 from jaxsearch.retrieval.build import commit, recover
 from jaxsearch.retrieval.encoders import minilm_path
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "corpus", "corpus.jsonl")
@@ -20,7 +21,7 @@ BUILD = [sys.executable, os.path.join(ROOT, "launch", "build_index.py"), "--no-p
 
 
 def run_build(*args):
-    return subprocess.run(BUILD + list(args), capture_output=True, text=True, timeout=600)
+    return subprocess.run(BUILD + list(args), capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_killed_dense_build_keeps_previous_index_and_resumes(tmp_path, small_cor
     args = ["--corpus", small_corpus, "--retriever", "dense", "--encoder", "minilm", "--batch-size", "2", "--out", out]
     proc = subprocess.Popen(BUILD + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline and proc.poll() is None:
             if os.path.exists(progress) and json.load(open(progress))["rows_done"] >= 8:
                 break

@@ -15,6 +15,7 @@ import pytest
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.client import RemoteRetriever, RetrieverUnavailable, parse_response
 from net import free_port
+from hang import HANG_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "tests", "data", "corpus", "corpus.jsonl")
@@ -28,7 +29,7 @@ def start_server(port, *extra):
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def wait_healthy(url, proc, timeout=60):
+def wait_healthy(url, proc, timeout=HANG_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -43,7 +44,7 @@ def wait_healthy(url, proc, timeout=60):
 def stop(proc):
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -137,7 +138,7 @@ def test_search_r1_coercions(server, fields, coerced):
 
 
 def test_requests_search_r1_accepts(server):
-    post = lambda body: httpx.post(server + "/retrieve", json=body, timeout=120)
+    post = lambda body: httpx.post(server + "/retrieve", json=body, timeout=HANG_S)
     # Search-R1's client on a turn where no row searches
     assert post({"queries": [], "topk": 3, "return_scores": True}).json() == {"result": []}
     assert post({"queries": ["a", "b"], "topk": 0}).json() == {"result": [[], []]}
@@ -162,7 +163,7 @@ def test_64_concurrent_clients(server):
     before = httpx.get(server + "/health").json()
 
     def client(i):
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(timeout=HANG_S) as http:
             got = []
             for j in range(3):
                 qs = [QUESTIONS[(i + j + n) % 64] for n in range(2)]
@@ -192,7 +193,7 @@ def test_client_retries_until_a_late_server_is_up():
     time.sleep(0.5)  # the client is already retrying against a closed port
     proc = start_server(port)
     try:
-        thread.join(timeout=60)
+        thread.join(timeout=HANG_S)
         assert not thread.is_alive()
         docs = outcome["docs"]
         assert len(docs) == 1 and len(docs[0]) == 2 and docs[0][0].title == "Lisul River"
@@ -265,7 +266,7 @@ def test_concurrent_requests_are_batched_into_one_search(in_process_server):
     url = in_process_server(retriever)
 
     def ask(i):
-        return httpx.post(url + "/retrieve", json={"queries": [f"q{i}a", f"q{i}b"], "topk": 1 + i % 3}, timeout=30).json()
+        return httpx.post(url + "/retrieve", json={"queries": [f"q{i}a", f"q{i}b"], "topk": 1 + i % 3}, timeout=HANG_S).json()
 
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(ask, range(16)))
@@ -287,7 +288,7 @@ def test_large_request_is_searched_in_parts(in_process_server):
     retriever = FlakyRetriever()
     url = in_process_server(retriever, max_batch=100)
     queries = [f"q{i}" for i in range(2560)]
-    body = httpx.post(url + "/retrieve", json={"queries": queries, "topk": 1}, timeout=60).json()
+    body = httpx.post(url + "/retrieve", json={"queries": queries, "topk": 1}, timeout=HANG_S).json()
     assert [docs[0]["id"] for docs in body["result"]] == queries
     assert max(len(c) for c in retriever.calls) == 100 and sum(len(c) for c in retriever.calls) == 2560
 

@@ -17,6 +17,7 @@ import pytest
 
 from jaxsearch import parallel
 from tiny_models import save_tiny_searcher
+from hang import HANG_S
 
 # pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
 pytestmark = pytest.mark.xdist_group("serve_agent")
@@ -88,7 +89,7 @@ def served(tiny):
 
 def chat(url, question, **body):
     payload = {"model": MODEL, "messages": [{"role": "user", "content": question}], **body}
-    return httpx.post(url + "/v1/chat/completions", json=payload, timeout=300)
+    return httpx.post(url + "/v1/chat/completions", json=payload, timeout=HANG_S)
 
 
 def check_against_direct(body, question, served):
@@ -141,7 +142,7 @@ def test_answer_equals_the_direct_greedy_rollout(served):
         {"role": "user", "content": [{"type": "text", "text": q}]},
     ]
     r = httpx.post(
-        served["url"] + "/v1/chat/completions", json={"model": MODEL, "messages": messages}, timeout=300
+        served["url"] + "/v1/chat/completions", json={"model": MODEL, "messages": messages}, timeout=HANG_S
     )
     check_against_direct(r.json(), q, served)
 
@@ -154,7 +155,7 @@ def test_stream_deltas_equal_the_completion(served):
         "POST",
         served["url"] + "/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": q}], "stream": True},
-        timeout=300,
+        timeout=HANG_S,
     ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -190,7 +191,7 @@ def test_concurrent_clients_get_their_own_answers(served):
     with batcher.held():  # all 16 queue up first: batching is then deterministic, whatever the load
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while batcher.submitted - submitted < len(qs) and time.monotonic() < deadline:
             time.sleep(0.01)
     for t in threads:
@@ -286,7 +287,7 @@ def test_a_question_too_long_for_the_cache_fails_alone(served):
     assert error_of(results[1], 400)["param"] == "messages"
     # streamed: the error comes as an event after the role chunk (the headers went out first), then [DONE]
     payload = {"model": MODEL, "messages": [{"role": "user", "content": long}], "stream": True}
-    with httpx.stream("POST", served["url"] + "/v1/chat/completions", json=payload, timeout=300) as r:
+    with httpx.stream("POST", served["url"] + "/v1/chat/completions", json=payload, timeout=HANG_S) as r:
         events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
     assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant"}
     assert json.loads(events[1])["error"]["param"] == "messages" and events[2:] == ["[DONE]"]
@@ -295,7 +296,7 @@ def test_a_question_too_long_for_the_cache_fails_alone(served):
 # ------------------------------------------------------------------------------------------- CLI
 
 
-def cli(*args, timeout=600):
+def cli(*args, timeout=HANG_S):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
     return subprocess.run(
         [sys.executable, str(SERVE), *map(str, args)],
@@ -346,6 +347,6 @@ def test_command_line_server(tiny, served):
         check_against_direct(r.json(), q, served)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG_S)
         proc.stdout.close()
         proc.stderr.close()

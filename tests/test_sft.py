@@ -1,8 +1,8 @@
 """SFT data and training: trajectories token-exact against hand-written policy text and the retriever's real
 observations, the masked cross-entropy against numpy, and a tiny Qwen2 that learns to search on the tiny world.
 
-The trained tiny searcher is cached by `train_tiny_searcher` under `$JAXSEARCH_TEST_CACHE` (default
-`~/.cache/jaxsearch-tests/`), keyed by its arguments and the source of the code it depends on.
+The trained tiny searcher is cached by `train_tiny_searcher` under `$JAXSEARCH_TEST_CACHE` (a fresh directory
+for each test session, tests/conftest.py), keyed by its arguments and the source of the code it depends on.
 """
 
 import json

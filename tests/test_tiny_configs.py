@@ -17,6 +17,7 @@ from jaxsearch.data.sft import early_stop_trace, sft_dataset
 from jaxsearch.data.world.generator import generate_world, world_config
 from jaxsearch.data.world.oracle import WorldChatModel, read_answer, read_facts, solution_trace
 from jaxsearch.rl import pipeline, rewards
+from hang import HANG_S
 
 SEARCH_R1 = get_protocol("search_r1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +60,7 @@ def test_tiny_config_runs_a_shortened_main_job(name, tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "eval/synthetic/em:" in done.stdout and "at step 0 ->" in done.stdout

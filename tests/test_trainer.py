@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from hang import HANG_S
 
 # pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
 pytestmark = pytest.mark.xdist_group("trainer")
@@ -44,7 +45,7 @@ def _env():
 def _run(workdir, *extra, wait=True):
     cmd = [sys.executable, TRAIN, *FLAGS, f"--workdir={workdir}", *extra]
     if wait:
-        return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+        return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=HANG_S)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
 
 
@@ -131,7 +132,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path):
         assert proc.poll() is None and time.time() - start < 400
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 0
+    assert proc.wait(timeout=HANG_S) == 0
     steps = os.listdir(os.path.join(workdir, "grpo", "checkpoints"))
     assert [s for s in steps if s.isdigit()], steps
 
