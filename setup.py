@@ -51,8 +51,22 @@ setup(
     name="jaxsearch",
     version="0.1.0",
     description="Train LLM search agents with RL in JAX: Search-R1, EKA, SOAR, R-Search.",
-    packages=find_packages(include=["jaxsearch", "jaxsearch.*"]),
+    # configs/ is installed too: config files import each other as `configs.X` from any working directory
+    packages=find_packages(include=["jaxsearch", "jaxsearch.*", "configs"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
+    entry_points={
+        "console_scripts": [
+            "jaxsearch-train=jaxsearch.cli.train:main",
+            "jaxsearch-eval=jaxsearch.cli.eval:main",
+            "jaxsearch-serve=jaxsearch.cli.serve_agent:main",
+            "jaxsearch-retriever=jaxsearch.cli.serve_retriever:main",
+            "jaxsearch-index=jaxsearch.cli.build_index:main",
+            "jaxsearch-plan=jaxsearch.cli.plan:main",
+            "jaxsearch-world=jaxsearch.cli.make_world:main",
+            "jaxsearch-hypergraph=jaxsearch.cli.build_hypergraph:main",
+            "jaxsearch-convert=jaxsearch.cli.convert_checkpoint:main",
+        ]
+    },
 )

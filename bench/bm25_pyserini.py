@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def make_corpus(doc_dir: str, path: str, max_words: int = 100) -> list[str]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.slots import Slots
-from jaxsearch.rl.sft import train_tiny_searcher
+from jaxsearch.testing import train_tiny_searcher
 
 
 def median_ms(run, reps: int) -> float:

@@ -2,7 +2,7 @@
 
   python bench/episodes.py [--rows 50] [--slots 50 16] [--steps 8 16 32] [--reps 3] [--latency-ms 0]
 
-The tiny searcher (jaxsearch.rl.sft) answers the tiny world's test questions greedily with Search-R1's protocol
+The tiny searcher (jaxsearch.testing) answers the tiny world's test questions greedily with Search-R1's protocol
 and BM25 (k=1), up to 4 searching turns + a last one: single-hop rows answer after one search, multi-hop rows
 search once per hop and the rest use every turn, so turns per row are spread from 2 to 5 (printed). Cache 1024,
 segments up to 128 tokens, prompts and observations padded to the training sampler's power-of-two length
@@ -28,7 +28,7 @@ from jaxsearch.agent import sampler as S
 from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.models.spans import default_buckets
-from jaxsearch.rl.sft import train_tiny_searcher
+from jaxsearch.testing import train_tiny_searcher
 
 
 class DelayedRetriever:
@@ -60,7 +60,9 @@ def main():
         retriever = DelayedRetriever(retriever, args.latency_ms / 1000)
     protocol = get_protocol("search_r1")
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
-    limits = EpisodeConfig(max_turns=4, retrieval_k=1, max_segment_tokens=128, max_obs_tokens=150)
+    limits = EpisodeConfig(
+        max_turns=4, retrieval_k=1, max_segment_tokens=128, max_obs_tokens=150, scheduler="lockstep"
+    )
     # the length buckets of a training run's sampler (agent/build.build_sampler): powers of two
     smp = S.Sampler(
         config,
@@ -74,9 +76,10 @@ def main():
     questions = [q for q in questions for _ in range(args.group)]  # as the RL data iterator repeats them
     print(f"jax {jax.__version__} {jax.devices()[0].platform}, {len(questions)} rows", flush=True)
     for n in args.slots:
-        engines = {"lockstep": AgentEngine(tok, protocol, retriever, smp, limits, micro_batch=n)}
+        engines = {"lockstep": AgentEngine(tok, protocol, retriever, smp, limits.replace(micro_batch=n))}
         for steps in args.steps:
-            engines[f"slots/{steps}"] = engines["lockstep"].replace(scheduler="slots", steps_per_call=steps)
+            in_slots = limits.replace(micro_batch=n, scheduler="slots", steps_per_call=steps)
+            engines[f"slots/{steps}"] = engines["lockstep"].replace(limits=in_slots)
         trajs, first = {}, {}
         for name, e in engines.items():  # warm-up: a fresh process's first rollout of each compiles its calls
             t = time.perf_counter()

@@ -31,14 +31,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from jaxsearch.data.world.generator import WorldConfig, generate_world, world_config  # noqa: E402
 from jaxsearch.retrieval.encoders import Encoder, EncoderSpec  # noqa: E402
 from jaxsearch.retrieval.hypergraph import HypergraphRetriever  # noqa: E402
 from jaxsearch.retrieval.hypergraph_build import build_hypergraph  # noqa: E402
-from jaxsearch.retrieval.hypergraph_extract import WorldExtractor  # noqa: E402
+from jaxsearch.data.world.extractor import WorldExtractor  # noqa: E402
 
 PASSAGES_PER_PERSON = 3.37  # passages of the scaled world per person (measured: 8,000 people -> 26,934)
 

@@ -8,7 +8,7 @@ Batch 16, 64-token random prompts, exactly 128 new tokens, greedy (the setting o
 whether the greedy tokens agree. With --tunix-python (a Python that has `google-tunix`), the anchor
 script ../shared/anchors/tunix_sample.py runs on the same saved weights in the same invocation.
 
---episode adds a 4-turn Search-R1 episode (batch 16, the tiny searcher model of jaxsearch.rl.sft) with
+--episode adds a 4-turn Search-R1 episode (batch 16, the tiny searcher model of jaxsearch.testing) with
 BM25 over a 10k-passage corpus (the tiny world's passages + generated distractors), and its time split:
 device (prefill / decode / append), host retrieval, host parsing and bookkeeping.
 """
@@ -18,11 +18,9 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax
 import jax.numpy as jnp
@@ -267,7 +265,7 @@ def tunix_anchor(python: str, size: str, weights: str, reps: int) -> None:
 def episode_bench(batch: int = 16, passages: int = 10_000) -> None:
     from jaxsearch.retrieval.bm25 import BM25Retriever
     from jaxsearch.retrieval.corpus import Corpus
-    from jaxsearch.rl.sft import train_tiny_searcher
+    from jaxsearch.testing import train_tiny_searcher
     from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
     from jaxsearch.agent.protocols import get_protocol
 
@@ -294,7 +292,9 @@ def episode_bench(batch: int = 16, passages: int = 10_000) -> None:
             prompt_buckets=[192],
             chunk_buckets=[160],
         )
-        limits = EpisodeConfig(max_turns=4, retrieval_k=3, max_segment_tokens=48, max_obs_tokens=150)
+        limits = EpisodeConfig(
+            max_turns=4, retrieval_k=3, max_segment_tokens=48, max_obs_tokens=150, scheduler="lockstep"
+        )
         engine = AgentEngine(tok, protocol, retriever, smp, limits)
         questions = [q.question for q in world.questions["train"][:batch]]
         engine.rollout(params, questions, 0)  # warm-up

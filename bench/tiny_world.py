@@ -9,12 +9,15 @@ fabrication rate), as mean ± std over seeds, one table row per config.
 Each run is `python launch/train.py --config CONFIG --config.seed=S --workdir OUT/NAME/seedS` (the world is
 the config's, the same for every seed; the seed sets the init, the SFT order and the RL sampling). A run whose
 workdir already holds a finished job is not redone; an unfinished one resumes from its last checkpoint.
-The table goes to stdout and to OUT/table.md.
+The table goes to stdout and to OUT/table.md; one row per run to OUT/seeds.csv (config, seed, held-out EM / F1
+at the RL stage's first and last evaluation and EM at each, the last evaluation's behaviour, wall seconds,
+commit): the small record that stays in git when the run logs do not (bench/runs/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -109,6 +112,64 @@ def row(name: str, workdirs: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+SEED_FIELDS = (
+    ["config", "seed", "rl_steps", "em_first", "em_last", "f1_first", "f1_last"]
+    + [key.replace("entropy/", "h_") for _, key, before in COLUMNS if not before]
+    + ["em_by_step", "sft_loss_last", "wall_s", "resumed", "commit"]
+)
+
+
+def seed_row(name: str, workdir: str, commit: str) -> dict:
+    """One run's summary: EM / F1 at the RL stage's first and last evaluation, the last evaluation's
+    behaviour, held-out EM at every evaluation ("step:EM ..."), the SFT stage's last loss, its wall seconds
+    and the commit."""
+    evals = evaluations(workdir)
+    first, last = evals[0], evals[-1]
+
+    def get(r: dict, key: str):
+        value = r.get(f"eval/synthetic/{key}", "")
+        return round(value, 4) if isinstance(value, float) else value
+
+    out = {"config": name, "seed": os.path.basename(workdir).removeprefix("seed"), "rl_steps": last["step"]}
+    for key in ("em", "f1"):
+        out[f"{key}_first"], out[f"{key}_last"] = get(first, key), get(last, key)
+    for _, key, before in COLUMNS:
+        if not before:
+            out[key.replace("entropy/", "h_")] = get(last, key)
+    out["em_by_step"] = " ".join(f"{r['step']}:{get(r, 'em')}" for r in evals)
+    sft_loss = ""
+    sft_path = os.path.join(workdir, "sft", "metrics.jsonl")
+    if os.path.exists(sft_path):
+        with open(sft_path) as f:
+            losses = [json.loads(line).get("sft/loss") for line in f if line.strip()]
+        losses = [v for v in losses if v is not None]
+        sft_loss = round(losses[-1], 4) if losses else ""
+    out["sft_loss_last"] = sft_loss
+    path = os.path.join(workdir, "wall_s.json")
+    wall = json.load(open(path)) if os.path.exists(path) else {}
+    out["wall_s"] = round(wall["wall_s"], 1) if "wall_s" in wall else ""
+    out["resumed"] = bool(wall.get("resumed", False))
+    out["commit"] = commit
+    return out
+
+
+def write_seeds(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SEED_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def head_commit() -> str:
+    """The short commit of this checkout (what a run here runs), or "" outside git."""
+    try:
+        cmd = ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def table(rows: list[str]) -> str:
     headers = ["config", "seeds", "steps"]
     headers += [f"{h} before -> after" if before else h for h, _, before in COLUMNS]
@@ -123,9 +184,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default="runs/tiny_world", help="workdirs OUT/NAME/seedS and OUT/table.md")
     parser.add_argument("--no-run", action="store_true", help="only tabulate the runs already there")
+    parser.add_argument(
+        "--commit", default=None, help="the code's commit for seeds.csv (default: this checkout's HEAD)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra --config.key=value flags for every run")
     args = parser.parse_args(argv)
-    rows = []
+    rows, seeds = [], []
+    commit = head_commit() if args.commit is None else args.commit
     for config in args.configs:
         name = os.path.splitext(os.path.basename(config))[0]
         workdirs = [os.path.join(args.out, name, f"seed{s}") for s in args.seeds]
@@ -135,11 +200,13 @@ def main(argv=None) -> int:
         done = [w for w in workdirs if len(evaluations(w)) >= 2]
         if done:
             rows.append(row(name, done))
+            seeds += [seed_row(name, w, commit) for w in done]
     text = table(rows)
     print(text)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text + "\n")
+    write_seeds(os.path.join(args.out, "seeds.csv"), seeds)
     return 0
 
 

@@ -13,12 +13,9 @@ each framework's float32 matmul peak (2048^3), measured in this run too.
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax
 import jax.numpy as jnp

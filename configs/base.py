@@ -103,7 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
         # once per step, read from local HBM (launch/plan.py counts it in the fit verdict)
         decode_layout="train",
     )
-    # (name, weight): names of jaxsearch/rl/rewards.py's registry, plus "evidence" (R-Search's evidence
+    # (name, weight): names of jaxsearch/scoring/rewards.py's registry, plus "evidence" (R-Search's evidence
     # reward, needs evidence_model) and "grounded" (SOAR's judge: 1 when grounded, needs judge)
     c.reward = dict(terms=(("em", 1.0),))  # Search-R1's reward: exact match of the last <answer>
     # Chat models behind SOAR's fabrication judge and R-Search's evidence answerer; kind "" = none, openai
@@ -140,14 +140,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.world = dict(size="", seed=0, eval_split="test")
     # The optional warm start stage. truncate: cut examples longer than max_len instead of leaving them out;
     # mistake ("" | early_stop | no_search | verbose_answer): a base model's error that replaces a question's
-    # ideal trace in mistake_share of its draws (data/sft.py); questions: the world's first N training
+    # ideal trace in mistake_share of its draws (agent/sft_traces.py); questions: the world's first N training
     # questions are SFT's, the rest RL's (0: both use all).
     c.sft = dict(steps=0, lr=1e-3, batch_size=32, warmup=20, max_len=512, truncate=False)
     c.sft.update(dict(mistake="", mistake_share=0.0, questions=0))
     c.sft.save_every = 100  # a stopped SFT stage resumes from its last checkpoint (WORKDIR/sft/checkpoints)
     c.sft.pad_multiple = 0  # > 0: batches padded to their longest example rounded up to this, not max_len
     c.sft.use_p0 = (
-        False  # EKA: ideal traces read from P0 what it holds instead of searching (data/sft.p0_trace)
+        False  # EKA: ideal traces read from P0 what it holds instead of searching (agent/sft_traces.p0_trace)
     )
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.distributed = dict(coordinator="", num_processes=0, process_id=-1)  # empty: from the environment

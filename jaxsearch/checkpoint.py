@@ -1,7 +1,4 @@
-"""Orbax checkpoints: model params (with their config) and the trainer's resumable state.
-
-A params checkpoint directory (`save_params` / `restore_params`, for conversion and evaluation) holds
-`config.json` (the HF-style Qwen2 config) and `params/` (an orbax PyTree checkpoint).
+"""Orbax checkpoints of the trainer's resumable state (a model's params with its config: `models.orbax_io`).
 
 `TrainCheckpointer` keeps the trainer's state (the trainer saves {"policy": TrainState[, "critic":
 TrainState]}: params, optimizer state, update and skip counts) plus JSON metadata (the trainer saves the
@@ -16,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 from typing import Callable
@@ -26,63 +22,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxsearch import multihost
-from jaxsearch.models import qwen2
 
 log = logging.getLogger(__name__)
 
 # Orbax writes this file into a step directory just before renaming it from its tmp name.
 COMMIT_MARKER = "commit_success.txt"
-
-
-def save_params(path: str, config: qwen2.Qwen2Config, params) -> None:
-    """Write config + params to `path` (replaced only once the new checkpoint is complete).
-
-    With several processes every one must call it (each writes the shards it holds); process 0 alone
-    touches the directories and config.json.
-    """
-    path = os.path.abspath(path)
-    tmp = path + ".tmp-save"
-    primary = jax.process_index() == 0
-    if primary:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(config.to_hf_dict(), f, indent=2)
-    multihost.sync(f"jaxsearch_save_params_start:{path}")
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.join(tmp, "params"), params)
-    checkpointer.wait_until_finished()
-    multihost.sync(f"jaxsearch_save_params_written:{path}")
-    if primary:
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.rename(tmp, path)
-    multihost.sync(f"jaxsearch_save_params_done:{path}")
-
-
-def restore_params(path: str, dtype=None, shardings=None):
-    """Read (config, params) from a `save_params` directory.
-
-    dtype: cast the params (and the config's dtypes) to this; shardings: a pytree of shardings like the
-    params, where each array is restored directly onto its devices.
-    """
-    path = os.path.abspath(path)
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.exists(cfg_path) or not os.path.isdir(os.path.join(path, "params")):
-        raise FileNotFoundError(f"{path}: not a jaxsearch params checkpoint (needs config.json and params/)")
-    with open(cfg_path) as f:
-        stored = json.load(f).get("torch_dtype", "float32")
-    name = jax.numpy.dtype(dtype).name if dtype is not None else stored
-    config = qwen2.Qwen2Config.from_hf_json(cfg_path, dtype=name, param_dtype=name)
-    abstract = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.PRNGKey(0)))
-    if shardings is not None:
-        abstract = jax.tree_util.tree_map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-        )
-    params = ocp.StandardCheckpointer().restore(os.path.join(path, "params"), abstract)
-    return config, params
 
 
 STATE_ITEM = "state"

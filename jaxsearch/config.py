@@ -86,13 +86,29 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    max_turns: int
-    retrieval_k: int
-    initial_k: int
-    internal_k: int
-    max_segment_tokens: int
-    max_obs_tokens: int
+class EpisodeConfig:
+    """The limits of one rollout and how its rows are scheduled: what the agent engine reads
+    (`AgentEngine.limits`), the first keys of a run's `rollout` section (`RolloutConfig` adds the sampler's)
+    and the defaults of the agent command line (`agent/cli.py`). Token counts are per row."""
+
+    max_turns: int = 4  # turns that may search; a last turn without search follows
+    retrieval_k: int = 3  # passages per search
+    initial_k: int = 3  # EKA's P0 passages
+    internal_k: int = 3  # SOAR: facts listed by the internal-knowledge generation
+    max_segment_tokens: int = 500  # one decode segment
+    max_obs_tokens: int = 500  # an observation is cut to this many tokens (Search-R1's max_obs_length)
+    micro_batch: int = 0  # rows per sampler call, or decode slots (0: all rows)
+    scheduler: str = "slots"  # lockstep: a turn waits for its slowest row; slots: rows never wait
+    steps_per_call: int = 16  # slots: decode steps per device call
+
+    def replace(self, **changes) -> EpisodeConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig(EpisodeConfig):
+    """A run's `rollout` section: the episode's limits (`EpisodeConfig`) and the sampler's settings."""
+
     cache_len: int
     temperature: float
     top_p: float
@@ -100,10 +116,12 @@ class RolloutConfig:
     eval_temperature: float
     eval_top_p: float
     eval_retrieval_k: int
-    micro_batch: int  # rows per sampler call, or decode slots (0: the whole batch)
-    scheduler: str = "lockstep"  # lockstep: a turn waits for its slowest row; slots: rows never wait
-    steps_per_call: int = 16  # slots: decode steps per device call
     decode_layout: str = "train"  # the params the sampler reads: train | replicated | tensor (parallel.py)
+
+    @property
+    def episode(self) -> EpisodeConfig:
+        """The engine's part of the section."""
+        return EpisodeConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EpisodeConfig)})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The model annotates every parameter and main activation with logical axis names (`qwen2.logical_axes`,
 `nn.with_logical_constraint`). Rules map each logical name to a mesh axis (or None: replicated), in
 flax's format. A dimension whose size the mesh axis does not divide is replicated instead (e.g. 2 kv
-heads over a tensor axis of 4; `qwen2.fit_rules`), so every rule set works for every model size.
+heads over a tensor axis of 4; `fit_rules`), so every rule set works for every model size. This module
+knows no model: `models.sharding` applies the rules to a model's parameters.
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with params sharded), `tensor`
 (heads / mlp / vocab split inside each matmul).
@@ -12,14 +13,13 @@ Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with params sharde
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxsearch.models import qwen2
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -64,24 +64,37 @@ def make_mesh(shape: dict[str, int] | None = None, devices: Sequence[jax.Device]
     return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
+def fit_rules(
+    axes: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int], rules
+) -> tuple[tuple[str, Any], ...]:
+    """Logical-axis `rules` (name -> mesh axis, a tuple of them, or None) fitted to one array of `shape`
+    with logical `axes`: each named dimension keeps the mesh axes of its rule that are larger than 1 and
+    not taken by an earlier dimension, or gets None (replicated) when none are left or their product does
+    not divide it (e.g. 2 kv heads over a tensor axis of 4), so every rule set works for every model size.
+    `nn.logical_to_mesh_axes(axes, fit_rules(...))` is the array's PartitionSpec."""
+    table = dict(rules)
+    used: set[str] = set()
+    fitted = []
+    for name, dim in zip(axes, shape):
+        if name is None:
+            continue
+        target = table.get(name)
+        names = (target,) if isinstance(target, str) else tuple(target or ())
+        names = tuple(n for n in names if n not in used and mesh_shape[n] > 1)
+        if not names or dim % int(np.prod([mesh_shape[n] for n in names])):
+            fitted.append((name, None))
+            continue
+        used.update(names)
+        fitted.append((name, names[0] if len(names) == 1 else names))
+    return tuple(fitted)
+
+
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=DEFAULT_RULES) -> P:
     """PartitionSpec for one array with logical `axes` and `shape` under `rules`.
 
     A mesh axis is used at most once per array, and only where it divides the dimension.
     """
-    return nn.logical_to_mesh_axes(tuple(axes), qwen2.fit_rules(axes, shape, mesh.shape, rules))
-
-
-def param_shardings(config, mesh: Mesh, rules=DEFAULT_RULES):
-    """NamedSharding for every Qwen2 parameter (a pytree shaped like the params)."""
-    axes = qwen2.logical_axes(config)
-    shapes = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.PRNGKey(0)))
-    return jax.tree_util.tree_map(
-        lambda spec, s: NamedSharding(mesh, logical_to_spec(tuple(spec), s.shape, mesh, rules)),
-        axes,
-        shapes,
-        is_leaf=lambda x: isinstance(x, P),
-    )
+    return nn.logical_to_mesh_axes(tuple(axes), fit_rules(axes, shape, mesh.shape, rules))
 
 
 def with_activation_sharding(fn, mesh: Mesh, rules=DEFAULT_RULES):
@@ -107,49 +120,3 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedShard
     batch_axes = tuple(n for n in (dict(rules)["batch"] or ()) if mesh.shape[n] > 1)
     first = batch_axes if len(batch_axes) > 1 else (batch_axes[0] if batch_axes else None)
     return NamedSharding(mesh, P(first, *([None] * (ndim - 1))))
-
-
-# ------------------------------------------------------------------------------------------- decode layout
-
-# The policy's decode layouts (`rollout.decode_layout`), as parameter rules. The trainer keeps its params
-# fsdp-sharded, so a sampler reading them gathers the whole model at every decode step; a decode layout
-# is a copy in the compute dtype, made once per RL step, that a decode step reads from local HBM only:
-#   replicated: every device holds all the weights (where they fit beside the train state and the cache)
-#   tensor:     heads / kv heads / mlp / vocab split over the `tensor` axis, the rest replicated
-#   train:      no copy: decode with the trainer's params as they are
-_DECODE_RULES = {
-    "replicated": tuple((name, None) for name, _ in DEFAULT_RULES),
-    "tensor": (
-        ("embed", None),
-        ("heads", "tensor"),
-        ("kv_heads", "tensor"),
-        ("mlp", "tensor"),
-        ("vocab", "tensor"),
-        ("head_dim", None),
-        ("norm", None),
-    ),
-}
-
-
-def decode_param_shardings(config, mesh: Mesh, layout: str):
-    """NamedSharding of every parameter in decode `layout` ("replicated" or "tensor")."""
-    if layout not in _DECODE_RULES:
-        raise ValueError(f"decode layout {layout!r}: expected one of {sorted(_DECODE_RULES)}")
-    return param_shardings(config, mesh, _DECODE_RULES[layout])
-
-
-def to_decode_layout(config, params, mesh: Mesh, layout: str):
-    """`params` as the sampler should read them: a copy in the compute dtype in decode `layout`, or, for
-    "train", `params` themselves. Compiled once per (config, mesh, layout)."""
-    if layout == "train":
-        return params
-    return _decode_copy(config, mesh, layout)(params)
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_copy(config, mesh: Mesh, layout: str):
-    dtype = config.compute_dtype
-    return jax.jit(
-        lambda p: jax.tree_util.tree_map(lambda x: x.astype(dtype), p),
-        out_shardings=decode_param_shardings(config, mesh, layout),
-    )

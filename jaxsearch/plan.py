@@ -21,9 +21,10 @@ from jaxsearch.agent import sampler as sampler_lib
 from jaxsearch.agent import slots as slots_lib
 from jaxsearch.config import RunConfig
 from jaxsearch.models import qwen2
-from jaxsearch.models.policy import model_config
+from jaxsearch.agent.policy import model_config
 from jaxsearch.rl import algorithms
 from jaxsearch.rl import train_step as ts
+from jaxsearch.models.sharding import decode_param_shardings, param_shardings
 
 GB = 1e9
 # memory per device in bytes (the marketing numbers: H100 80 GB, v5p 95 GB, H200 141 GB)
@@ -122,9 +123,9 @@ def _with(x, sharding):
 
 
 def abstract_params(config: qwen2.Qwen2Config, mesh):
-    """Params as ShapeDtypeStructs carrying `parallel.param_shardings` (nothing is allocated)."""
+    """Params as ShapeDtypeStructs carrying `models.sharding.param_shardings` (nothing is allocated)."""
     shapes = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.PRNGKey(0)))
-    return jax.tree_util.tree_map(_with, shapes, parallel.param_shardings(config, mesh))
+    return jax.tree_util.tree_map(_with, shapes, param_shardings(config, mesh))
 
 
 def abstract_critic(config: qwen2.Qwen2Config, params):
@@ -235,27 +236,27 @@ def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -
     return compile_fn(jitted, state, batch)
 
 
-def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) -> dict:
+def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) -> qwen2.KVCache:
     """The decode KV cache, batch over the data axes and kv heads over `tensor` where it divides."""
     shapes = jax.eval_shape(functools.partial(qwen2.init_cache, config, batch, cache_len))
     kv = NamedSharding(
         mesh,
-        parallel.logical_to_spec(qwen2.CACHE_AXES, shapes["k"][0].shape, mesh),
+        parallel.logical_to_spec(qwen2.CACHE_AXES, shapes.k[0].shape, mesh),
     )
     lengths = NamedSharding(mesh, parallel.logical_to_spec(("batch",), (batch,), mesh))
-    return {
-        "k": tuple(_with(x, kv) for x in shapes["k"]),
-        "v": tuple(_with(x, kv) for x in shapes["v"]),
-        "lengths": _with(shapes["lengths"], lengths),
-    }
+    return qwen2.KVCache(
+        k=tuple(_with(x, kv) for x in shapes.k),
+        v=tuple(_with(x, kv) for x in shapes.v),
+        lengths=_with(shapes.lengths, lengths),
+    )
 
 
 def abstract_decode_params(config: qwen2.Qwen2Config, params, layout: str):
-    """The sampler's params (`parallel.to_decode_layout`): `params` for "train", else a copy in the compute
+    """The sampler's params (`models.sharding.to_decode_layout`): `params` for "train", else a copy in the compute
     dtype carrying the layout's shardings."""
     if layout == "train":
         return params
-    shardings = parallel.decode_param_shardings(config, _mesh_of(params), layout)
+    shardings = decode_param_shardings(config, _mesh_of(params), layout)
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, config.compute_dtype, sharding=s), params, shardings
     )
@@ -266,7 +267,7 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dic
     sampler's (`sampler.jit_decode`: a segment of up to max_segment_tokens steps) or, with
     `rollout.scheduler=slots`, the decode slots' (`slots.decode_steps`: steps_per_call steps)."""
     mesh = _mesh_of(params)
-    lengths = cache["lengths"]
+    lengths = cache.lengths
     rows = lengths.shape[0]
     logits = jax.ShapeDtypeStruct(
         (rows, config.vocab_size), jnp.float32, sharding=parallel.batch_sharding(mesh, 2)

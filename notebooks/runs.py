@@ -8,105 +8,28 @@ A run directory is what `python launch/train.py --workdir RUN` writes:
 and, optionally, per-example evaluation files (`<out>/<dataset>.jsonl`, one object per question with
 `question` and `prediction` or `response`, e.g. `python launch/eval.py ... --out RUN/eval`) anywhere under RUN.
 
-No jax here (jaxsearch.agent.segments is numpy only): the notebooks only read files.
+No jax here (jaxsearch.agent.segments is numpy only; jaxsearch.eval.curves, whose metrics reader this module
+re-exports, is numpy, json and matplotlib): the notebooks only read files.
 """
 
 import glob
 import json
 import os
-import warnings
 
 from jaxsearch.agent.segments import SEGMENT_IDS
 
-STAGES = ("rl", "sft")
-
-
-def metrics_path(run_dir: str, stage: str = "rl") -> str:
-    """RUN/<stage>/metrics.jsonl; the "rl" stage is RUN/ppo/ for a PPO run, else RUN/grpo/."""
-    if stage == "rl":
-        stage = "ppo" if os.path.isdir(os.path.join(run_dir, "ppo")) else "grpo"
-    return os.path.join(run_dir, stage, "metrics.jsonl")
-
-
-def read_rows(path: str) -> list[dict]:
-    """The JSON objects of a metrics.jsonl file, in file order.
-
-    A malformed line is an error naming the file and line, except an unterminated last line (a write cut
-    short by a kill), which is skipped with a warning.
-    """
-    with open(path) as f:
-        lines = f.readlines()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if number == len(lines) and not line.endswith("\n"):
-                warnings.warn(f"{path}:{number}: skipping an unterminated last line ({e})")
-                continue
-            raise ValueError(f"{path}:{number}: not a JSON object: {e}") from None
-        if not isinstance(row, dict) or "step" not in row:
-            raise ValueError(
-                f"{path}:{number}: expected a JSON object with a 'step' field, got {line[:80]!r}"
-            )
-        rows.append(row)
-    return rows
-
-
-def to_columns(rows: list[dict]) -> dict[str, list]:
-    """Rows -> {key: [value per step]} sorted by step; None where a step did not log that key.
-
-    Rows with the same step are merged (a later row's value wins), so "step" holds each step once.
-    """
-    by_step = {}
-    for row in rows:
-        by_step.setdefault(int(row["step"]), {}).update(row)
-    steps = sorted(by_step)
-    keys = sorted({k for row in by_step.values() for k in row if k != "step"})
-    columns = {"step": steps}
-    for key in keys:
-        columns[key] = [by_step[s].get(key) for s in steps]
-    return columns
-
-
-def load_columns(path: str) -> dict[str, list]:
-    """A metrics.jsonl file as columns (see `to_columns`); {"step": []} if the file does not exist."""
-    if not os.path.exists(path):
-        return {"step": []}
-    return to_columns(read_rows(path))
-
-
-def load_run(run_dir: str) -> dict[str, dict[str, list]]:
-    """{stage: columns} for the stages in STAGES; a stage that has not run yet has an empty "step" column."""
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"run directory {run_dir!r} does not exist (train with --workdir {run_dir})")
-    return {stage: load_columns(metrics_path(run_dir, stage)) for stage in STAGES}
-
-
-def series(columns: dict[str, list], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of the steps that logged `key`; two empty lists if none did."""
-    values = columns.get(key)
-    if values is None:
-        return [], []
-    pairs = [(s, v) for s, v in zip(columns["step"], values) if v is not None]
-    return [s for s, _ in pairs], [float(v) for _, v in pairs]
-
-
-def has(columns: dict[str, list], key: str) -> bool:
-    """Whether any step logged `key`."""
-    return any(v is not None for v in columns.get(key, ()))
-
-
-def eval_datasets(columns: dict[str, list], metric: str | None = None) -> list[str]:
-    """Dataset names of the `eval/<dataset>/<metric>` keys (any metric if None), sorted."""
-    names = set()
-    for key in columns:
-        parts = key.split("/", 2)
-        if len(parts) == 3 and parts[0] == "eval" and (metric is None or parts[2] == metric):
-            names.add(parts[1])
-    return sorted(names)
+# the metrics reader is the plots' own (jaxsearch/eval/curves.py: numpy, json and matplotlib only, no jax)
+from jaxsearch.eval.curves import (  # noqa: F401  (re-exported for the notebooks)
+    STAGES,
+    eval_datasets,
+    has,
+    load_columns,
+    load_run,
+    metrics_path,
+    read_rows,
+    series,
+    to_columns,
+)
 
 
 # ------------------------------------------------------------------------------------ evaluation examples

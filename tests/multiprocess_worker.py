@@ -21,7 +21,8 @@ import numpy as np
 import optax
 
 from jaxsearch import checkpoint, multihost, parallel
-from jaxsearch.data.word_tokenizer import WordTokenizer
+from jaxsearch.models import orbax_io
+from jaxsearch.models.word_tokenizer import WordTokenizer
 from jaxsearch.models import hf_io, qwen2
 from jaxsearch.retrieval.base import Doc
 from jaxsearch.retrieval.host_split import HostSplitRetriever
@@ -30,6 +31,7 @@ from jaxsearch.rl import train_step as ts
 from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent import sampler as S
 from jaxsearch.agent.protocols import get_protocol
+from jaxsearch.models.sharding import param_shardings
 from test_train_step import CONFIG, make_batch
 from tiny_models import tiny_qwen2_config
 
@@ -66,7 +68,7 @@ def host_leaves(tree) -> list[np.ndarray]:
 
 
 def init_params(config, mesh):
-    shardings = parallel.param_shardings(config, mesh)
+    shardings = param_shardings(config, mesh)
     return jax.jit(lambda k: qwen2.init_params(config, k), out_shardings=shardings)(jax.random.PRNGKey(0))
 
 
@@ -81,7 +83,9 @@ def episode_case(mesh) -> dict:
     config = tiny_qwen2_config(tok.vocab_size)
     params = init_params(config, mesh)
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
-    limits = EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
+    limits = EpisodeConfig(
+        max_turns=2, max_segment_tokens=12, max_obs_tokens=512, initial_k=2, scheduler="lockstep"
+    )
     out = {}
     for name, temperature in (("sampled", 1.0), ("greedy", 0.0)):
         smp = S.Sampler(
@@ -146,7 +150,7 @@ def scenario(mesh, out_dir: str | None = None):
         ckpt.save(1, {"policy": state}, {"iterator": {"position": 8}}, force=True)
         ckpt.wait()
         ckpt.close()
-        checkpoint.save_params(os.path.join(out_dir, "params"), CONFIG, state.params)
+        orbax_io.save_params(os.path.join(out_dir, "params"), CONFIG, state.params)
         hf_io.save_hf(CONFIG, state.params, os.path.join(out_dir, "hf"))
     return results, state
 

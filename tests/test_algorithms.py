@@ -14,6 +14,7 @@ from jaxsearch.agent.trajectories import Trajectories
 from jaxsearch.models import qwen2
 from jaxsearch.rl.algorithms import GRPO, PPO, make_algorithm
 from jaxsearch.rl.step_log import StepTimer
+from jaxsearch.models.sharding import param_shardings
 
 from tiny_models import tiny_qwen2_config
 
@@ -37,7 +38,7 @@ def _model():
     config = tiny_qwen2_config(vocab_size=50)
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
     params = jax.device_put(
-        qwen2.init_params(config, jax.random.PRNGKey(0)), parallel.param_shardings(config, mesh)
+        qwen2.init_params(config, jax.random.PRNGKey(0)), param_shardings(config, mesh)
     )
     return config, mesh, params
 
@@ -57,7 +58,7 @@ def _trajectories(rows=4, seed=0) -> Trajectories:
     return Trajectories(
         tokens, attn, loss, np.zeros_like(tokens), z, z, np.full(rows, 5, np.int32), np.ones(rows, np.int32),
         np.zeros(rows, np.int32), np.zeros(rows, bool), [None] * rows, [""] * rows, lists, lists, lists, lists,
-        lists, [""] * rows, [None] * rows, [None] * rows, {},
+        lists, lists, [""] * rows, [None] * rows, [None] * rows, {},
     )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jaxsearch.eval.metrics import Regex, exact_match
+from jaxsearch.scoring.metrics import Regex, exact_match
 from jaxsearch.data.qa import (
     QADataError,
     QAExample,
@@ -17,9 +17,9 @@ from jaxsearch.data.qa import (
     find_split,
     iter_examples,
     load_examples,
-    prompt_messages,
     write_jsonl,
 )
+from jaxsearch.agent.protocols import prompt_messages
 
 SAMPLES = os.path.join(os.path.dirname(__file__), "data", "qa")
 BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")

@@ -9,7 +9,7 @@ import pytest
 import jax
 
 from jaxsearch.data.world.generator import generate_world, world_config
-from jaxsearch.data.word_tokenizer import WordTokenizer
+from jaxsearch.models.word_tokenizer import WordTokenizer
 from jaxsearch.models import qwen2
 from jaxsearch.retrieval.bm25 import BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
@@ -68,7 +68,9 @@ def test_random_policy_episode_masks_and_limits(world, name):
     table = S.StopTable.build(tok, protocol.stop_strings, [tok.eos_id], config.vocab_size)
     smp = S.Sampler(config, table, cache_len=1024, max_segment=12, sampling=S.SamplingParams(1.0))
     questions = [q.question for q in w.questions["dev"][:3]]
-    cfg = EpisodeConfig(max_turns=2, max_segment_tokens=12, initial_k=2)
+    cfg = EpisodeConfig(
+        max_turns=2, max_segment_tokens=12, max_obs_tokens=512, initial_k=2, scheduler="lockstep"
+    )
     traj = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 1)
     for b in range(3):
         prompt = tok.decode(traj.tokens[b, : traj.prompt_lengths[b]].tolist())
@@ -92,7 +94,7 @@ def test_random_policy_episode_masks_and_limits(world, name):
 
 @pytest.fixture(scope="module")
 def searcher():
-    from jaxsearch.rl.sft import train_tiny_searcher
+    from jaxsearch.testing import train_tiny_searcher
 
     return train_tiny_searcher()
 
@@ -117,7 +119,9 @@ def test_searcher_episodes_mask_observations_and_match_a_fresh_forward(searcher)
     protocol = get_protocol("search_r1")
     smp = _searcher_sampler(config, tok, protocol, temperature=1.0)
     questions = [q.question for q in world.questions["test"][:8]]
-    cfg = EpisodeConfig(max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    cfg = EpisodeConfig(
+        max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, scheduler="lockstep"
+    )
     traj = AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, questions, 3)
     assert traj.searches.mean() >= 1  # it really searches
     for b in range(len(questions)):
@@ -132,6 +136,13 @@ def test_searcher_episodes_mask_observations_and_match_a_fresh_forward(searcher)
         for obs, ids in zip(traj.observations[b], traj.doc_ids[b]):
             assert all(retriever.corpus.get(i).text in obs for i in ids)  # the retrieved passages, in full
             assert obs.startswith("\n\n<information>") and obs.endswith("</information>\n\n")
+        # each search's query is what the policy asked for in the segment before its observation
+        obs_runs = [j for j, (m, ids) in enumerate(runs) if m == 0 and tok.decode(ids) in observations]
+        asked = [tok.decode(runs[j - 1][1]) for j in obs_runs]
+        assert len(traj.queries[b]) == len(asked) == traj.searches[b]
+        for query, text, ids in zip(traj.queries[b], asked, traj.doc_ids[b]):
+            assert text[text.rindex("<search>") + len("<search>") : text.rindex("</search>")].strip() == query
+            assert [d.id for d in retriever.search([query], 1)[0]] == ids
     # the recorded sample log-probs are the model's log-probs of exactly these tokens
     fresh = np.asarray(sequence_logprobs(config, params, traj.tokens, traj.attention_mask))
     policy = traj.loss_mask == 1
@@ -155,7 +166,9 @@ def _greedy_run(searcher):
     config, params, tok, world, retriever = searcher
     protocol = get_protocol("search_r1")
     smp = _searcher_sampler(config, tok, protocol)
-    cfg = EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
+    cfg = EpisodeConfig(
+        max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, scheduler="lockstep"
+    )
 
     def run(qs):
         return AgentEngine(tok, protocol, retriever, smp, cfg).rollout(params, qs, 0)
@@ -196,7 +209,7 @@ def _assert_same_episodes(a, b, order=None):
     for name in ("tokens", "attention_mask", "loss_mask", "segment_ids", "prompt_lengths", "turns", "searches"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name)[order], err_msg=name)
     np.testing.assert_allclose(a.logprobs, b.logprobs[order], atol=1e-5)
-    for name in ("answers", "responses", "doc_ids", "observations", "internal_knowledge"):
+    for name in ("answers", "responses", "queries", "doc_ids", "observations", "internal_knowledge"):
         assert getattr(a, name) == [getattr(b, name)[r] for r in order], name
     np.testing.assert_array_equal(a.truncated, b.truncated[order])
 
@@ -238,7 +251,10 @@ def test_decode_slots_give_the_lockstep_episodes(
     if name == "soar":  # the tiny model writes no numbered facts: its whole generation stands as one
         monkeypatch.setattr(type(protocol), "parse_internal_facts", staticmethod(lambda text, k: [text.strip()]))
     smp = _searcher_sampler(config, tok, protocol, temperature, prompt_bucket=384)
-    cfg = EpisodeConfig(max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, initial_k=1)
+    cfg = EpisodeConfig(
+        max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, initial_k=1,
+        scheduler="lockstep",
+    )
     questions = [q.question for q in world.questions["test"][:8]]
     if temperature:
         questions = [q for q in questions for _ in range(2)]
@@ -246,14 +262,16 @@ def test_decode_slots_give_the_lockstep_episodes(
     if name == "soar":
         generated = [f for row in lockstep.internal_knowledge for f in row]
         assert len(generated) >= 8 and len(set(generated)) > len(generated) // 2, generated
-        micro = AgentEngine(tok, protocol, retriever, smp, cfg, micro_batch=5).rollout(params, questions, 0)
+        micro = AgentEngine(tok, protocol, retriever, smp, cfg.replace(micro_batch=5))
+        micro = micro.rollout(params, questions, 0)
         _assert_same_episodes(micro, lockstep)
     if delay:  # record when searches run against the decode calls
         events = []
         retriever = _DelayedRetriever(retriever, 0, delay, delay, events)
         monkeypatch.setattr(Slots, "decode", _recorded(Slots.decode, events, "decode"))
         monkeypatch.setattr(Slots, "fetch", staticmethod(_recorded(Slots.fetch, events, "fetch")))
-    engine = AgentEngine(tok, protocol, retriever, smp, cfg, micro_batch=slots, scheduler="slots", steps_per_call=steps)
+    in_slots = cfg.replace(micro_batch=slots, scheduler="slots", steps_per_call=steps)
+    engine = AgentEngine(tok, protocol, retriever, smp, in_slots)
     _assert_same_episodes(engine.rollout(params, questions, 0), lockstep)
     if temperature == 0.0:  # a sampled row's key is its row index's, so reordering the rows resamples them
         _assert_same_episodes(engine.rollout(params, questions[::-1], 0), lockstep, order=np.arange(8)[::-1])
@@ -343,10 +361,11 @@ def test_decode_slots_compile_nothing_after_warm_up_and_keep_the_samplers_logpro
     config, params, tok, world, retriever = searcher
     protocol = get_protocol("search_r1")
     smp = _searcher_sampler(config, tok, protocol, temperature=1.0)
-    cfg = EpisodeConfig(max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150)
-    engine = AgentEngine(
-        tok, protocol, _DelayedRetriever(retriever, 0), smp, cfg, micro_batch=3, scheduler="slots", steps_per_call=5
+    cfg = EpisodeConfig(
+        max_turns=3, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=150, micro_batch=3, scheduler="slots",
+        steps_per_call=5,
     )
+    engine = AgentEngine(tok, protocol, _DelayedRetriever(retriever, 0), smp, cfg)
     questions = [q.question for q in world.questions["test"][:12]]
     engine.rollout(params, questions[:6], 0)
     count = smp.compiled_count() + Slots(smp, 5).compiled_count()
@@ -381,7 +400,7 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher, m
     monkeypatch.setattr(engine_lib, "text_generator", recording)
 
     cfg = EpisodeConfig(
-        max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=400, internal_k=3
+        max_turns=2, retrieval_k=1, max_segment_tokens=48, max_obs_tokens=400, internal_k=3, scheduler="lockstep"
     )
     questions = [q.question for q in world.questions["test"][:4]]
     engine = AgentEngine(tok, protocol, retriever, smp, cfg, internal_sampler=internal_smp)
@@ -410,7 +429,7 @@ def test_soar_observation_holds_the_internal_stream_and_the_passages(searcher, m
             external = external.replace(obs, f"\n\n<information>{passages}</information>\n\n", 1)
         assert traj.external_responses[b] == external and "Internal information:" not in external
     # what the rewards see: E_int and E_ext as separate streams, the judge's view without E_int
-    from jaxsearch.rl.rewards import reward_inputs
+    from jaxsearch.scoring.rewards import reward_inputs
 
     for b, sample in enumerate(reward_inputs(traj, world.questions["test"][:4])):
         assert sample.external_knowledge == "\n".join(traj.retrieved[b])

@@ -2,7 +2,7 @@
 FlashRAG samples, metrics recomputed from the per-example JSONL, resume, R-S, judge, bad input."""
 
 import dataclasses
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -19,7 +19,7 @@ from jaxsearch import parallel
 from tiny_models import save_tiny_searcher
 from jaxsearch.data import qa
 from jaxsearch.eval import evaluate as ev
-from jaxsearch.eval.metrics import answer_in_text, exact_match, f1_score, normalize_answer, sub_exact_match
+from jaxsearch.scoring.metrics import answer_in_text, exact_match, f1_score, normalize_answer, sub_exact_match
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
 from jaxsearch.agent import segments
 from hang import HANG_S
@@ -41,10 +41,8 @@ def cli(*args, timeout=HANG_S):
 
 
 def load_launch_module():
-    spec = importlib.util.spec_from_file_location("launch_eval", EVAL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The command's module (launch/eval.py is its wrapper)."""
+    return importlib.import_module("jaxsearch.cli.eval")
 
 
 @pytest.fixture(scope="module")
@@ -532,7 +530,7 @@ def test_eval_subset():
 def test_heldout_recall_counts_a_hyperedge_as_its_source_passages():
     from types import SimpleNamespace
 
-    from jaxsearch.eval.heldout import trajectory_stats
+    from jaxsearch.scoring.episodes import trajectory_stats
     from jaxsearch.retrieval.base import Doc
 
     passage = Doc("p1", "t", "x")

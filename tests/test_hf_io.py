@@ -12,6 +12,7 @@ from transformers import Qwen2ForCausalLM
 
 from jaxsearch import parallel
 from jaxsearch.models import hf_io, qwen2
+from jaxsearch.models.sharding import param_shardings
 from hf_reference import hf_logits, left_padded_batch, make_hf_model
 
 
@@ -67,7 +68,7 @@ def test_bf16_save_and_load(saved, tmp_path):
 def test_load_places_each_tensor_on_its_sharding(saved):
     _, path, config, params = saved
     mesh = parallel.make_mesh({"fsdp": 4, "tensor": 2})
-    shardings = parallel.param_shardings(config, mesh)
+    shardings = param_shardings(config, mesh)
     _, placed = hf_io.load_hf(path, shardings=shardings)
     q = placed["layers_0"]["attn"]["q_kernel"]  # [E=48, H=4, D=32]: embed over fsdp, heads over tensor
     assert q.sharding == shardings["layers_0"]["attn"]["q_kernel"]

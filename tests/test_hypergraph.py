@@ -28,13 +28,13 @@ from jaxsearch.retrieval.hypergraph_extract import (
     ExtractorUnavailable,
     HyperRelation,
     OpenAIExtractor,
-    WorldExtractor,
     parse_records,
 )
+from jaxsearch.data.world.extractor import WorldExtractor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "launch"))
-import build_hypergraph as build_cli
+from jaxsearch.cli import build_hypergraph as build_cli
+from jaxsearch.models.tokenizer import QwenTokenizer
 from net import free_port
 from hang import HANG_S
 
@@ -424,7 +424,7 @@ def test_bad_input_is_named_and_nothing_is_written(tmp_path, capsys):
 
 def test_token_chunks_overlap():
     # Qwen's tokenizer splits digits one by one: 25 digits are 25 tokens
-    chunker = TokenChunker("qwen", size=10, overlap=3)
+    chunker = TokenChunker("qwen", size=10, overlap=3, encoder=QwenTokenizer())
     assert chunker.split(" 0123456789012345678901234 ") == ["0123456789", "7890123456", "4567890123", "1234"]
     assert chunker.split("  short text ") == ["short text"]  # at most `size` bytes: one window
     assert chunker.split("   ") == []

@@ -16,11 +16,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from jaxsearch import checkpoint
-from jaxsearch.data.word_tokenizer import WordTokenizer
+from jaxsearch.models import orbax_io
+from jaxsearch.models.word_tokenizer import WordTokenizer
 from jaxsearch.models import hf_io, qwen2
-from jaxsearch.rl import judge as J
-from jaxsearch.rl.rewards import RewardInput, evidence_reward, judge_fabrication
+from jaxsearch.scoring import judge as J
+from jaxsearch.scoring.rewards import RewardInput, evidence_reward, judge_fabrication
 from jaxsearch.agent.sampler import generate
 
 from tiny_models import tiny_qwen2_config
@@ -303,7 +303,7 @@ def test_make_local_chat_model_from_checkpoints(tiny, tmp_path):
     tok, config, params, model = tiny
     expected = model.chat(CONVERSATIONS, MAX_NEW, 0.0)
     tok.save(tmp_path / "tok.json")
-    checkpoint.save_params(str(tmp_path / "orbax"), config, params)
+    orbax_io.save_params(str(tmp_path / "orbax"), config, params)
     hf_io.save_hf(config, params, str(tmp_path / "hf"))
     for sub in ("orbax", "hf"):
         loaded = J.make_chat_model(

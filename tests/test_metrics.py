@@ -1,7 +1,7 @@
 """QA metrics on hand-computed cases (FlashRAG / Search-R1 definitions)."""
 import pytest
 
-from jaxsearch.eval.metrics import (
+from jaxsearch.scoring.metrics import (
     Regex,
     answer_in_text,
     exact_match,

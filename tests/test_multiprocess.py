@@ -13,7 +13,9 @@ import pytest
 
 import multiprocess_worker as worker
 from jaxsearch import checkpoint, parallel
+from jaxsearch.models import orbax_io
 from jaxsearch.models import hf_io
+from jaxsearch.models.sharding import param_shardings
 from net import free_port
 from hang import HANG_S
 
@@ -108,8 +110,8 @@ def test_two_processes_match_one_process(tmp_path):
     assert step == 1 and meta == {"iterator": {"position": 8}} and int(state["policy"].step) == 1
     for i, x in enumerate(jax.tree_util.tree_leaves(state["policy"].params)):
         np.testing.assert_array_equal(np.asarray(x), multi[f"train/params/{i}"])
-    config, params = checkpoint.restore_params(
-        os.path.join(out_dir, "params"), shardings=parallel.param_shardings(worker.CONFIG, mesh)
+    config, params = orbax_io.restore_params(
+        os.path.join(out_dir, "params"), shardings=param_shardings(worker.CONFIG, mesh)
     )
     assert config.hidden_size == worker.CONFIG.hidden_size
     for i, x in enumerate(jax.tree_util.tree_leaves(params)):

@@ -1,7 +1,8 @@
 """notebooks/entropy_curves.ipynb on the logs of two real tiny runs (Search-R1 baseline and EKA).
 
 The runs are launch/train.py subprocesses (one CPU device each); the notebook runs
-under nbclient with JAXSEARCH_RUNS pointing at them. The references are the metrics files parsed here
+under nbclient with JAXSEARCH_RUNS pointing at them, and draws with jaxsearch.eval.curves (tests/test_curves.py
+tests those functions on hand-written logs). The references are the metrics files parsed here
 with json, independently of notebooks/runs.py.
 """
 
@@ -37,6 +38,7 @@ TRAIN_FLAGS = [
     "--config.eval_every=3",
 ]
 PNGS = (
+    "learning_curve.png",
     "entropy_by_segment.png",
     "entropy_by_segment_eval.png",
     "turns_searches.png",
@@ -192,6 +194,8 @@ def test_notebook_plots_the_logged_values(two_runs, tmp_path, monkeypatch):
     plotted = json.loads((out / "plotted_series.json").read_text())
     grpo = {name: runs.metrics_path(d, "rl") for name, d in two_runs.items()}
     checks = [  # (png, panel, line label, metrics file, key)
+        ("learning_curve.png", "held-out EM (greedy)", "eka", grpo["eka"], "eval/synthetic/em"),
+        ("learning_curve.png", "training reward", "baseline", grpo["baseline"], "reward"),
         ("entropy_by_segment.png", "<think> tokens", "baseline", grpo["baseline"], "entropy/think"),
         ("entropy_by_segment.png", "<answer> tokens", "eka", grpo["eka"], "entropy/answer"),
         ("turns_searches.png", "turns per episode", "eka", grpo["eka"], "turns"),
@@ -240,5 +244,7 @@ def test_notebook_skips_missing_keys(two_runs, tmp_path, monkeypatch):
     assert "none found" in text
     plotted = json.loads((out / "plotted_series.json").read_text())
     assert plotted["entropy_by_segment.png"]["<answer> tokens"] == {}
+    assert plotted["learning_curve.png"]["held-out EM (greedy)"] == {}  # no evaluation: noted, not plotted
+    assert "partial logged no 'eval/synthetic/em'" in text
     assert plotted["reward_em.png"]["reward"]["partial"]["y"] == [r["reward"] for r in kept]
     assert (out / "entropy_by_segment.png").stat().st_size > 1000

@@ -13,6 +13,7 @@ import jax.extend.core  # noqa: F401  (jaxprs_in_params)
 import jax.numpy as jnp
 
 from jaxsearch.models import attention, hf_io, qwen2
+from jaxsearch.models.sharding import param_shardings
 from hf_reference import TINY_CONFIGS, hf_logits, left_padded_batch, make_hf_model
 from tiny_models import tiny_qwen2_config
 
@@ -90,7 +91,7 @@ def _check_greedy_decode_equals_full_forward(config, params, lengths, seed, step
     t0 = ids.shape[1]
     for i, lg in enumerate(step_logits):
         np.testing.assert_allclose(lg, full[:, t0 - 1 + i], atol=2e-4, err_msg=f"step {i}")
-    np.testing.assert_array_equal(np.asarray(cache["lengths"]), mask.sum(1) + steps)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), mask.sum(1) + steps)
 
 
 def test_kv_cache_decode_equals_full_forward(tiny):
@@ -123,7 +124,7 @@ def test_extend_appends_at_each_rows_own_offset(tiny):
         seq = np.concatenate([prompts[b], chunks[b], nexts[b]])[None]
         ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
         np.testing.assert_allclose(np.asarray(logits[b]), ref, atol=2e-4, err_msg=f"row {b}")
-    assert list(np.asarray(cache["lengths"])) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
+    assert list(np.asarray(cache.lengths)) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
 
 
 def test_extend_of_a_caches_first_rows_keeps_the_others(tiny):
@@ -134,15 +135,15 @@ def test_extend_of_a_caches_first_rows_keeps_the_others(tiny):
     for s in (64, 1024):  # one span, spans
         shape = (config.num_hidden_layers, 5, s, config.num_key_value_heads, config.head_dim)
         k, v = (tuple(jnp.asarray(rng.normal(size=shape), jnp.float32)) for _ in range(2))
-        full = {"k": k, "v": v, "lengths": jnp.asarray([7, 3, 20, 9, 1], jnp.int32)}
-        head = {name: jax.tree.map(lambda a: a[:2], full[name]) for name in full}
+        full = qwen2.KVCache(k=k, v=v, lengths=jnp.asarray([7, 3, 20, 9, 1], jnp.int32))
+        head = jax.tree.map(lambda a: a[:2], full)
         ids = rng.integers(0, config.vocab_size, (2, 6))
         logits, new = qwen2.extend_over_span(config, params, full, ids)
         ref_logits, ref = qwen2.extend_over_span(config, params, head, ids)
         np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5, rtol=1e-5)
-        np.testing.assert_array_equal(np.asarray(new["lengths"]), [13, 9, 20, 9, 1])
+        np.testing.assert_array_equal(np.asarray(new.lengths), [13, 9, 20, 9, 1])
         for name in ("k", "v"):
-            for a, b, old in zip(new[name], ref[name], full[name]):
+            for a, b, old in zip(getattr(new, name), getattr(ref, name), getattr(full, name)):
                 np.testing.assert_allclose(np.asarray(a[:2]), np.asarray(b), atol=1e-5, rtol=1e-5)
                 np.testing.assert_array_equal(np.asarray(a[2:]), np.asarray(old[2:]))
 
@@ -154,25 +155,25 @@ def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
     rng = np.random.default_rng(7)
     s, kvh, d = 1024, config.num_key_value_heads, config.head_dim
     cache = qwen2.init_cache(config, 2, s)
-    cache = {  # every slot holds something, so a slot read or written past a row's keys would show
-        "k": tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache["k"]),
-        "v": tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache["v"]),
-    }
+    cache = cache.replace(  # every slot holds something, so a slot read or written past a row's keys would show
+        k=tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache.k),
+        v=tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache.v),
+    )
     ids = rng.integers(0, config.vocab_size, (2, 16))
     mask = np.ones((2, 16), np.int32)
     mask[1, 10:] = 0
     over_span = jax.jit(functools.partial(qwen2.extend_over_span, config))
     whole = jax.jit(functools.partial(qwen2.extend, config))
     for lengths in ([100, 3], [200, 50], [480, 10], [1000, 0]):  # spans 128, 256, 512, 1024
-        before = {**cache, "lengths": jnp.asarray(lengths, jnp.int32)}
+        before = cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
         logits, new = over_span(params, before, ids, mask)
         ref_logits, ref = whole(params, before, ids, mask)
         np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5, rtol=1e-5)
-        np.testing.assert_array_equal(np.asarray(new["lengths"]), np.asarray(ref["lengths"]))
+        np.testing.assert_array_equal(np.asarray(new.lengths), np.asarray(ref.lengths))
         for name in ("k", "v"):
-            for a, b, old in zip(new[name], ref[name], before[name]):
+            for a, b, old in zip(getattr(new, name), getattr(ref, name), getattr(before, name)):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
-                for row, end in enumerate(np.asarray(ref["lengths"])):
+                for row, end in enumerate(np.asarray(ref.lengths)):
                     np.testing.assert_array_equal(np.asarray(a[row, end:]), np.asarray(old[row, end:]))
 
 
@@ -357,7 +358,7 @@ def test_activation_constraints_shard_the_layers_along_the_batch():
     assert found[(8, 6, 16)] == P(("data", "fsdp"), None, None)  # residual: embed's fsdp is taken by batch
     assert found[(8, 6, 4, 4)] == P(("data", "fsdp"), None, "tensor", None)  # q: heads over tensor
     # inside jit the mesh is abstract: the devices come from the inputs, here placed on the mesh
-    sharded_params = jax.device_put(params, parallel.param_shardings(config, mesh))
+    sharded_params = jax.device_put(params, param_shardings(config, mesh))
     sharded_ids = jax.device_put(ids, parallel.batch_sharding(mesh))
     out = jax.jit(parallel.with_activation_sharding(fn, mesh))(sharded_params, sharded_ids)
     assert out.sharding.mesh.devices.size == 8

@@ -44,7 +44,7 @@ def test_the_four_registries_keep_their_errors():
     from jaxsearch.agent.protocols import get_protocol
     from jaxsearch.rl.advantages import get_advantage_fn
     from jaxsearch.rl.losses import get_policy_loss
-    from jaxsearch.rl.rewards import get_reward
+    from jaxsearch.scoring.rewards import get_reward
 
     for get, kind, known in [
         (get_protocol, "protocol", "search_r1"),

@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxsearch.rl import rewards as R
-from jaxsearch.rl.rewards import RewardInput
+from jaxsearch.scoring import rewards as R
+from jaxsearch.scoring.rewards import RewardInput
 
 CASES = os.path.join(os.path.dirname(__file__), "data", "reward_cases")
 

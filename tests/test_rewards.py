@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from jaxsearch.rl import rewards as R
+from jaxsearch.scoring import rewards as R
 from jaxsearch.retrieval.base import Doc
-from jaxsearch.rl.rewards import RewardInput
+from jaxsearch.scoring.rewards import RewardInput
 from jaxsearch.agent.protocols import get_protocol
 
 GOLD = ["Paris"]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxsearch.models import hf_io, qwen2
 from jaxsearch.agent import sampler as S
+from jaxsearch.models.sharding import param_shardings, to_decode_layout
 from hf_reference import make_hf_model
 
 PIECES = [
@@ -255,7 +256,7 @@ def test_budget_cut_leaves_other_rows_untouched(model):
     assert list(cut.length) == [3, 20, 0] and list(cut.stop) == [S.STOP_BUDGET] * 3
     np.testing.assert_array_equal(cut.tokens[0, :3], full.tokens[0, :3])
     np.testing.assert_array_equal(cut.tokens[1], full.tokens[1])
-    assert list(np.asarray(state.cache["lengths"])) == [3 + 3, 2 + 20, 4]
+    assert list(np.asarray(state.cache.lengths)) == [3 + 3, 2 + 20, 4]
 
 
 def test_sampling_of_a_row_does_not_depend_on_its_batch(model):
@@ -305,7 +306,7 @@ def test_multi_turn_appends_match_forward_and_compile_nothing_new(model):
             seq = np.asarray([history[b]])
             ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
             np.testing.assert_allclose(np.asarray(state.logits[b]), ref, atol=2e-4)
-        assert list(np.asarray(state.cache["lengths"])) == [len(h) for h in history]
+        assert list(np.asarray(state.cache.lengths)) == [len(h) for h in history]
     # every shape (prompt bucket, decode loop, chunk buckets 16 and 8) is met in the first two turns;
     # after that nothing compiles (counts are per jitted function, shared with other tests' samplers)
     assert len(set(counts[1:])) == 1, counts
@@ -318,7 +319,7 @@ def test_sampler_on_a_mesh_shards_the_batch_and_samples_the_same_tokens(model):
 
     _, config, params = model
     mesh = parallel.make_mesh({"data": 2, "fsdp": 4})
-    sharded_params = jax.device_put(params, parallel.param_shardings(config, mesh))
+    sharded_params = jax.device_put(params, param_shardings(config, mesh))
     table = piece_table(config.vocab_size, ["</search>"])
     kwargs = dict(cache_len=64, max_segment=10, sampling=S.SamplingParams(1.0), chunk_buckets=[8])
     plain, on_mesh = S.Sampler(config, table, **kwargs), S.Sampler(config, table, mesh=mesh, **kwargs)
@@ -335,9 +336,9 @@ def test_sampler_on_a_mesh_shards_the_batch_and_samples_the_same_tokens(model):
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     cache = out[1][2].cache
-    assert cache["k"][0].sharding.spec[0] == ("data", "fsdp")  # rows split 8 ways
-    assert cache["k"][0].addressable_shards[0].data.shape[0] == 1
-    assert out[0][2].cache["k"][0].sharding.is_fully_replicated
+    assert cache.k[0].sharding.spec[0] == ("data", "fsdp")  # rows split 8 ways
+    assert cache.k[0].addressable_shards[0].data.shape[0] == 1
+    assert out[0][2].cache.k[0].sharding.is_fully_replicated
 
 
 @pytest.mark.parametrize("steps, smallest_width", [(1, 4), (5, 4), (48, 4), (5, 1), (1, 2)])
@@ -420,14 +421,14 @@ def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
 )
 def test_decode_layout_compiles_a_decode_step_without_gathering_weights(model, mesh_shape, layout):
     """The trainer's fsdp-sharded params make every decode step all-gather the weights; the decode layouts
-    (a replicated or tensor-parallel copy, `parallel.to_decode_layout`) compile the sampler's decode call
+    (a replicated or tensor-parallel copy, `models.sharding.to_decode_layout`) compile the sampler's decode call
     with no all-gather of a weight, and sample the same tokens."""
     from jaxsearch import parallel
 
     _, config, params = model
     mesh = parallel.make_mesh(mesh_shape)
-    train_params = jax.device_put(params, parallel.param_shardings(config, mesh))
-    decode_params = parallel.to_decode_layout(config, train_params, mesh, layout)
+    train_params = jax.device_put(params, param_shardings(config, mesh))
+    decode_params = to_decode_layout(config, train_params, mesh, layout)
     table = piece_table(config.vocab_size, ["</search>"])
     smp = S.Sampler(config, table, cache_len=64, max_segment=10, sampling=S.SamplingParams(0.0), mesh=mesh)
     prompts = [[i + 1, i + 2, i + 3][: 1 + i % 3] for i in range(8)]

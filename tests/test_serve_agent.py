@@ -2,7 +2,7 @@
 checked against direct greedy rollouts of the same engine (answers, queries, docs), streaming, 16
 concurrent clients, malformed requests, and the command line."""
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -29,10 +29,8 @@ MODEL = "tiny-searcher"
 
 
 def load_launch_module():
-    spec = importlib.util.spec_from_file_location("launch_serve_agent", SERVE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The command's module (launch/serve_agent.py is its wrapper)."""
+    return importlib.import_module("jaxsearch.cli.serve_agent")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxsearch.data.sft import (
+from jaxsearch.agent.sft_traces import (
     PROTOCOL_NAMES,
     SFTExample,
     build_world_tokenizer,
@@ -32,9 +32,8 @@ from jaxsearch.rl.sft import (
     masked_nll,
     sft_optimizer,
     sft_train,
-    tiny_searcher_history,
-    train_tiny_searcher,
 )
+from jaxsearch.testing import tiny_searcher_history, train_tiny_searcher
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.agent.sampler import generate
 

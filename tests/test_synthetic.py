@@ -15,7 +15,7 @@ from rank_bm25 import BM25Okapi
 from jaxsearch.data.qa import load_examples
 from jaxsearch.data.world.generator import generate_world, world_config
 from jaxsearch.data.world.oracle import solution_trace
-from jaxsearch.data.word_tokenizer import WordTokenizer
+from jaxsearch.models.word_tokenizer import WordTokenizer
 from jaxsearch.models.tokenizer import Tokenizer
 
 SPLITS = ("train", "dev", "test")

@@ -13,10 +13,11 @@ import pytest
 from jaxsearch.agent.build import build_protocol
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.data import qa
-from jaxsearch.data.sft import early_stop_trace, sft_dataset
+from jaxsearch.agent.sft_traces import early_stop_trace, sft_dataset
 from jaxsearch.data.world.generator import generate_world, world_config
-from jaxsearch.data.world.oracle import WorldChatModel, read_answer, read_facts, solution_trace
-from jaxsearch.rl import pipeline, rewards
+from jaxsearch.scoring.world_chat import WorldChatModel, read_answer, read_facts, solution_trace
+from jaxsearch.rl import pipeline
+from jaxsearch.scoring import rewards
 from hang import HANG_S
 
 SEARCH_R1 = get_protocol("search_r1")
@@ -107,7 +108,7 @@ def test_early_stop_trace_answers_with_the_first_hop(world):
 
 @pytest.fixture(scope="module")
 def sft_inputs(world, tmp_path_factory):
-    from jaxsearch.data.sft import build_world_tokenizer
+    from jaxsearch.agent.sft_traces import build_world_tokenizer
     from jaxsearch.retrieval.factory import make_retriever
 
     out = tmp_path_factory.mktemp("world")
@@ -136,7 +137,7 @@ def test_sft_dataset_carries_the_early_stop_mistake_of_chain_questions(world, sf
 
 def test_p0_trace_skips_the_leading_searches_that_p0_holds(world, sft_inputs):
     """EKA's mechanism in SFT (sft.use_p0): the ideal trace does not search for what P0 already shows."""
-    from jaxsearch.data.sft import p0_trace
+    from jaxsearch.agent.sft_traces import p0_trace
     from jaxsearch.data.world.oracle import Step, solution_trace
 
     a, b, c = (Step("search", f"q{i}", passage_id=f"p{i}") for i in range(3))
@@ -162,8 +163,8 @@ def test_p0_trace_skips_the_leading_searches_that_p0_holds(world, sft_inputs):
 
 
 def test_sft_dataset_verbose_answer_mistake_differs_only_in_the_answer_tag(world, sft_inputs):
-    from jaxsearch.eval.metrics import exact_match, f1_score
-    from jaxsearch.rl.rewards import extract_answer
+    from jaxsearch.scoring.metrics import exact_match, f1_score
+    from jaxsearch.scoring.rewards import extract_answer
 
     tokenizer, retriever = sft_inputs
     args = (world, "train", SEARCH_R1, tokenizer, retriever, 1, 10_000)
@@ -204,7 +205,7 @@ def test_sft_dataset_no_search_mistake_answers_another_questions_answer(world, s
 
 
 def test_sft_batches_draw_the_mistake_at_its_share_each_epoch():
-    from jaxsearch.data.sft import SFTExample, sft_batches
+    from jaxsearch.agent.sft_traces import SFTExample, sft_batches
 
     wrong = SFTExample([3], [1], 0)
     examples = [SFTExample([1, 2], [0, 1], 1, mistake=wrong), SFTExample([4, 5], [0, 1], 1)]
@@ -221,7 +222,7 @@ def test_sft_batches_draw_the_mistake_at_its_share_each_epoch():
 
 
 def test_sft_batches_pad_to_the_longest_example_rounded_up():
-    from jaxsearch.data.sft import SFTExample, sft_batches
+    from jaxsearch.agent.sft_traces import SFTExample, sft_batches
 
     examples = [SFTExample(list(range(1, n + 1)), [0] + [1] * (n - 1), 1) for n in (3, 5, 9, 12)]
     widths = {next(sft_batches(examples, 2, 16, seed=s, pad_multiple=4))[0].shape[1] for s in range(20)}
@@ -254,8 +255,8 @@ def test_tiny_configs_sft_traces_are_what_the_rl_stage_prompts_runs_and_parses(n
     from jaxsearch import parallel
     from jaxsearch.agent.build import build_engine, build_retriever, load_tokenizer
     from jaxsearch.config import RunConfig
-    from jaxsearch.data.sft import p0_trace
-    from jaxsearch.models.policy import model_config
+    from jaxsearch.agent.sft_traces import p0_trace
+    from jaxsearch.agent.policy import model_config
 
     cfg = RunConfig.from_dict(importlib.import_module(f"configs.{name}").get_config())
     cfg = pipeline.prepare_world(cfg, shared_workdir)
@@ -332,7 +333,7 @@ def test_reader_answers_from_the_evidence_alone():
 def test_world_judge_grounded_when_the_answer_was_retrieved():
     from jaxsearch.agent.protocols import GRAPH_R1_OBSERVATION
     from jaxsearch.retrieval.base import Doc, graph_r1_result_string
-    from jaxsearch.rl.judge import ChatJudge
+    from jaxsearch.scoring.judge import ChatJudge
 
     grounded = "<search> q </search>\n<information>Doc 1 Tobu Kes was born in Drath.</information>\n<answer> Drath </answer>"
     invented = "<think> I know it. </think>\n<answer> Drath </answer>"
@@ -350,7 +351,7 @@ def test_world_judge_grounded_when_the_answer_was_retrieved():
 
 
 def test_world_reader_behind_r_search_evidence_reward():
-    from jaxsearch.rl.judge import ChatEvidenceAnswerer
+    from jaxsearch.scoring.judge import ChatEvidenceAnswerer
 
     response = "<information>x</information>\n<evidence> Tobu Kes was born in Drath. </evidence>\n<answer> Drath </answer>"
     samples = [rewards.RewardInput(response, ["Drath"], "Where was Tobu Kes born?")]

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jaxsearch import parallel
 from jaxsearch.models import qwen2
 from jaxsearch.rl import train_step as ts
+from jaxsearch.models.sharding import param_shardings
 
 from tiny_models import tiny_qwen2_config
 
@@ -38,7 +39,7 @@ def run(loss_cfg, batch, mesh_shape=None, steps=2):
     devices = jax.devices() if mesh_shape else jax.devices()[:1]
     mesh = parallel.make_mesh(mesh_shape or {"fsdp": 1}, devices=devices)
     params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
-    params = jax.device_put(params, parallel.param_shardings(CONFIG, mesh))
+    params = jax.device_put(params, param_shardings(CONFIG, mesh))
     optimizer = ts.make_optimizer(1e-3, total_steps=10, warmup_steps=1)
     state = ts.init_state(params, optimizer, mesh)
     step = ts.make_train_step(

@@ -111,10 +111,10 @@ def test_resume_after_sigkill_is_bit_identical(uninterrupted, tmp_path):
 def test_finished_run_exports_its_final_policy_as_a_params_dir(uninterrupted):
     """grpo/params (what launch/eval.py reads) holds exactly the last checkpoint's policy params."""
     import jax
-    from jaxsearch import checkpoint
+    from jaxsearch.models import orbax_io
 
     _, state = _final_params(uninterrupted)
-    config, params = checkpoint.restore_params(os.path.join(uninterrupted, "grpo", "params"))
+    config, params = orbax_io.restore_params(os.path.join(uninterrupted, "grpo", "params"))
     exported = {
         jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)
     }

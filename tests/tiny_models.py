@@ -20,15 +20,15 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
 
 
 def save_tiny_searcher(directory):
-    """The tiny trained searcher (`rl.sft.train_tiny_searcher`, cached) written under `directory` as a params
+    """The tiny trained searcher (`testing.train_tiny_searcher`, cached) written under `directory` as a params
     checkpoint `ckpt/`, its `tokenizer.json` and its world's `test.jsonl`, for launchers to read.
     Returns (config, params, tokenizer, world, retriever)."""
-    from jaxsearch import checkpoint
+    from jaxsearch.models import orbax_io
     from jaxsearch.data import qa
-    from jaxsearch.rl.sft import train_tiny_searcher
+    from jaxsearch.testing import train_tiny_searcher
 
     config, params, tokenizer, world, retriever = searcher = train_tiny_searcher()
-    checkpoint.save_params(str(directory / "ckpt"), config, params)
+    orbax_io.save_params(str(directory / "ckpt"), config, params)
     tokenizer.save(directory / "tokenizer.json")
     qa.write_jsonl(world.questions["test"], directory / "test.jsonl")
     return searcher

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs the tiny-world variants over seeds 0-2, each set with the code of its commit (a worktree per commit under
-# $OUT), workdirs under $OUT, and copies each finished run's records into this directory; a run whose records
-# are here is skipped, so a new machine continues where the last one stopped:
+# $OUT), workdirs under $OUT, and copies each finished run's logs into this directory (SET/CONFIG/seedS/, ignored
+# by git); a run whose logs are here is skipped, so a new machine continues where the last one stopped. At the end
+# it writes each set's seeds.csv and table.md (the files git keeps) from those logs:
 #   OUT=/tmp/b17 setsid nohup bench/runs/queue.sh > /tmp/queue.out 2>&1 < /dev/null &
 # Started twice, two workers share the queue (each run is locked by the worker that runs it).
 set -u
@@ -54,4 +55,12 @@ for cfg in tiny_cpu_graphr1 tiny_cpu_eka_graphr1; do
 done
 for seed in 0 1 2; do one "$ENGINE" engine configs/tiny_cpu.py $seed; done
 for seed in 0 1 2; do one "$PAPERS" papers_settings_p0 configs/tiny_cpu_eka.py $seed -- --config.sft.use_p0=True; done
+# the per-seed summaries and tables that git keeps (seeds.csv, table.md), by this checkout's bench/tiny_world.py
+TAB="python $RECORDS/../tiny_world.py --no-run --seeds 0 1 2"
+(cd "$RECORDS/../.." &&
+  $TAB --commit $PAPERS_REV --out bench/runs/papers_settings --configs configs/tiny_cpu.py configs/tiny_cpu_eka.py \
+    configs/tiny_cpu_rsearch.py configs/tiny_cpu_ppo.py configs/tiny_cpu_soar.py &&
+  $TAB --commit $PAPERS_REV --out bench/runs/papers_settings_p0 --configs configs/tiny_cpu_eka.py &&
+  $TAB --commit $GRAPH_REV --out bench/runs/graph_r1 --configs configs/tiny_cpu_graphr1.py configs/tiny_cpu_eka_graphr1.py &&
+  $TAB --commit $ENGINE_REV --out bench/runs/engine --configs configs/tiny_cpu.py) > "$OUT/tables.log" 2>&1
 echo "$(date +%T) all done" >> "$OUT/queue.log"

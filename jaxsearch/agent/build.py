@@ -7,10 +7,8 @@ initial_retriever and rollout sections, or launch/eval.py's command line).
 
 from __future__ import annotations
 
-import dataclasses
-
 from jaxsearch.agent import sampler as sampler_lib
-from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
+from jaxsearch.agent.engine import AgentEngine
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.config import AgentConfig, RunConfig
 from jaxsearch.models.spans import default_buckets
@@ -25,7 +23,7 @@ def load_tokenizer(tcfg):
 
         return QwenTokenizer()
     if tcfg.kind == "word":
-        from jaxsearch.data.word_tokenizer import WordTokenizer
+        from jaxsearch.models.word_tokenizer import WordTokenizer
 
         return WordTokenizer.load(tcfg.path)
     raise ValueError(f"config.tokenizer.kind={tcfg.kind!r}: expected 'qwen' or 'word'")
@@ -83,19 +81,9 @@ def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: b
         protocol,
         build_retriever(cfg.retriever),
         build_sampler(r, model_config, tokenizer, protocol, mesh, r.temperature, r.top_p),
-        EpisodeConfig(
-            max_turns=r.max_turns,
-            retrieval_k=r.retrieval_k,
-            max_segment_tokens=r.max_segment_tokens,
-            max_obs_tokens=r.max_obs_tokens,
-            initial_k=r.initial_k,
-            internal_k=r.internal_k,
-        ),
+        r.episode,
         initial_retriever=None if cfg.initial_retriever is None else build_retriever(cfg.initial_retriever),
         internal_sampler=eval_sampler,
-        micro_batch=r.micro_batch,
-        scheduler=r.scheduler,
-        steps_per_call=r.steps_per_call,
     )
     return for_evaluation(engine, r) if evaluation else engine
 
@@ -103,5 +91,5 @@ def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: b
 def for_evaluation(engine: AgentEngine, rollout) -> AgentEngine:
     """The same agent (tokenizer, retrievers, compiled functions) with the evaluation's sampler
     (eval_temperature, eval_top_p) and top-k (eval_retrieval_k) of `rollout` (a `config.RolloutConfig`)."""
-    limits = dataclasses.replace(engine.limits, retrieval_k=rollout.eval_retrieval_k)
+    limits = engine.limits.replace(retrieval_k=rollout.eval_retrieval_k)
     return engine.replace(sampler=engine.internal_sampler, limits=limits)

@@ -2,7 +2,7 @@
 
     add_agent_arguments(parser)            # --checkpoint --tokenizer --dtype, the agent and retrieval groups
     args = finish_agent_args(parser.parse_args())               # paths made absolute
-    agent_config(args), model_config(args)  # -> agent.build.build_engine, models.policy.load_policy
+    agent_config(args), model_config(args)  # -> agent.build.build_engine, agent.policy.load_policy
 
 Light to import (no jax): the launchers parse and check before the heavy imports.
 """
@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+
+from jaxsearch.config import EpisodeConfig
+
+EPISODE = EpisodeConfig()  # the defaults of the rollout flags
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
@@ -28,18 +32,29 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
     agent.add_argument("--initial-k", type=int, default=None, help="EKA's P0 passages (default: --topk)")
     agent.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     agent.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (temperature > 0)")
-    agent.add_argument("--max-turns", type=int, default=4, help="turns that may search")
-    agent.add_argument("--max-segment-tokens", type=int, default=500, help="tokens per decode segment")
-    agent.add_argument("--max-obs-tokens", type=int, default=500, help="an observation is cut to this")
+    agent.add_argument("--max-turns", type=int, default=EPISODE.max_turns, help="turns that may search")
+    agent.add_argument(
+        "--max-segment-tokens", type=int, default=EPISODE.max_segment_tokens, help="tokens per decode segment"
+    )
+    agent.add_argument(
+        "--max-obs-tokens", type=int, default=EPISODE.max_obs_tokens, help="an observation is cut to this"
+    )
     agent.add_argument("--cache-len", type=int, default=4096, help="KV cache length (prompt + whole episode)")
     agent.add_argument(
         "--scheduler",
-        default="slots",
+        default=EPISODE.scheduler,
         choices=["lockstep", "slots"],
         help="lockstep: a turn waits for its slowest row; slots: rows never wait (decode slots)",
     )
-    agent.add_argument("--slots", type=int, default=0, help="slots: decode slots (0: one per row)")
-    agent.add_argument("--steps-per-call", type=int, default=16, help="slots: decode steps per device call")
+    agent.add_argument(
+        "--slots", type=int, default=EPISODE.micro_batch, help="slots: decode slots (0: one per row)"
+    )
+    agent.add_argument(
+        "--steps-per-call",
+        type=int,
+        default=EPISODE.steps_per_call,
+        help="slots: decode steps per device call",
+    )
     retrieval = p.add_argument_group("retrieval")
     retrieval.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "remote", "hypergraph"])
     retrieval.add_argument(
@@ -100,7 +115,7 @@ def agent_config(args):
         max_turns=args.max_turns,
         retrieval_k=args.topk,
         initial_k=args.initial_k or args.topk,
-        internal_k=3,  # SOAR's listed facts per search (configs/base.py)
+        internal_k=EPISODE.internal_k,  # SOAR's listed facts per search
         max_segment_tokens=args.max_segment_tokens,
         max_obs_tokens=args.max_obs_tokens,
         cache_len=args.cache_len,

@@ -34,23 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsearch.agent import trajectories as traj_lib
+from jaxsearch.agent import protocols as protocols_lib
 from jaxsearch.agent.protocols import AgentProtocol, initial_docs
-from jaxsearch.agent.sampler import STOP_BUDGET, Sampler
-from jaxsearch.agent.slots import Slots
+from jaxsearch.agent.sampler import STOP_BUDGET, Sampler, Segment
+from jaxsearch.agent.slots import Slots, SlotState
 from jaxsearch.agent.trajectories import HINT, OBSERVATION, POLICY, Row, Trajectories
+from jaxsearch.config import EpisodeConfig
 from jaxsearch.retrieval.base import format_passages
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeConfig:
-    """Limits of one rollout. Token counts are per row."""
-
-    max_turns: int = 4  # turns that may search; a last turn without search follows
-    retrieval_k: int = 3
-    max_segment_tokens: int = 256  # one decode segment
-    max_obs_tokens: int = 512  # an observation is cut to this many tokens (Search-R1's max_obs_length)
-    initial_k: int = 3  # EKA's P0 passages
-    internal_k: int = 3  # SOAR: facts listed by the internal-knowledge generation
 
 
 def as_key(key: int | jax.Array) -> jax.Array:
@@ -80,12 +70,9 @@ class AgentEngine:
     protocol: AgentProtocol
     retriever: Any  # `retrieval.base.Retriever`: search(queries, k) -> docs per query
     sampler: Sampler
-    limits: EpisodeConfig = EpisodeConfig()
+    limits: EpisodeConfig = EpisodeConfig()  # turns, top-k, token limits, scheduler, micro-batch
     initial_retriever: Any = None  # EKA's P0 source (None: `retriever`; another corpus: noisy-P0 ablation)
     internal_sampler: Sampler | None = None  # SOAR's internal-knowledge stream (None: `sampler`)
-    micro_batch: int = 0  # rows per sampler call, or decode slots (0: all rows)
-    scheduler: str = "lockstep"  # "lockstep": a turn waits for its slowest row; "slots": rows never wait
-    steps_per_call: int = 16  # "slots": decode steps per device call
 
     def replace(self, **changes) -> AgentEngine:
         return dataclasses.replace(self, **changes)
@@ -97,20 +84,22 @@ class AgentEngine:
         key: int | jax.Array,
         messages: Sequence[list[dict] | None] | None = None,
     ) -> Trajectories:
-        """One episode per question, in sampler calls of `micro_batch` rows.
+        """One episode per question, in sampler calls of `limits.micro_batch` rows (lockstep) or in that
+        many decode slots (`limits.scheduler` "slots").
 
         key: a PRNG key or int seed; row i samples with fold_in(key, i). messages: per row, chat messages that
-        replace the protocol's prompt (a dataset's own prompt, `data.qa.prompt_messages`); None keeps it.
+        replace the protocol's prompt (a dataset's own prompt, `protocols.prompt_messages`); None keeps it.
         """
         key = as_key(key)
         sample_key, internal_key = jax.random.split(key)
-        if self.scheduler == "slots":
+        scheduler = self.limits.scheduler
+        if scheduler == "slots":
             keys = row_keys(sample_key, 0, len(questions))
             internal = self._internal_stream(params, internal_key)
             return self._episodes_in_slots(params, questions, keys, internal, messages)
-        if self.scheduler != "lockstep":
-            raise ValueError(f"scheduler {self.scheduler!r}: expected 'lockstep' or 'slots'")
-        n = self.micro_batch or len(questions)
+        if scheduler != "lockstep":
+            raise ValueError(f"scheduler {scheduler!r}: expected 'lockstep' or 'slots'")
+        n = self.limits.micro_batch or len(questions)
         parts = [
             self._episodes(
                 params,
@@ -122,6 +111,12 @@ class AgentEngine:
             for i in range(0, len(questions), n)
         ]
         return traj_lib.concat(parts)
+
+    def rollout_examples(self, params, examples: Sequence, key: int | jax.Array, data_prompt: bool = True):
+        """`rollout` of QA examples (`data.qa_example.QAExample`): their questions, and under search_r1 a
+        dataset's own prompt where it has one (`protocols.prompt_messages`; data_prompt=False: ours)."""
+        messages = protocols_lib.prompt_messages(examples, self.protocol.name, data_prompt)
+        return self.rollout(params, [e.question for e in examples], key, messages)
 
     # ------------------------------------------------------------------------------- one sampler call
 
@@ -154,7 +149,7 @@ class AgentEngine:
     # ------------------------------------------------------------------------------- decode slots
 
     def _episodes_in_slots(self, params, questions, keys, internal, messages) -> Trajectories:
-        """The same episodes as `_episodes`, in `micro_batch` decode slots where rows never wait.
+        """The same episodes as `_episodes`, in `limits.micro_batch` decode slots where rows never wait.
 
         Each loop: the host acts on the slots whose segment ended in the last call (parse, one retrieval for
         all of them, encode) and inserts their observation, or a waiting row's prompt where a row finished;
@@ -170,100 +165,18 @@ class AgentEngine:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
-        slots = Slots(self.sampler, self.steps_per_call)
-        n = min(self.micro_batch or len(rows), len(rows))
-        state = slots.empty(n)
-        key_data = np.asarray(jax.random.key_data(keys))  # [rows, 2] on the host, read before any call
-        waiting = list(range(len(rows)))[::-1]  # popped from the end: row 0 first
-        occupant: list[int | None] = [None] * n  # the row in each slot
-        decoding = np.zeros(n, bool)  # host view: the slot decodes in the next call
-        parts: list[list] = [[] for _ in range(n)]  # per slot: the current segment's (tokens, logprobs, entropy)
-        ended: list[tuple[int, int]] = []  # (slot, stop code) of segments that ended in the last call
-        budgets = np.zeros(n, np.int32)
-
-        fresh: dict[tuple[int, ...], int] = {}  # prompt -> the slot that prefilled it since the last decode call
-
-        def begin(slot, i, ids, reset):  # row i decodes its next segment in `slot` after `ids`
-            nonlocal state
-            budgets[slot] = self._budgets(rows, [i])[i]
-            budget = min(budgets[slot], self.sampler.max_segment)
-            prompt = tuple(ids) if reset else None
-            if prompt in fresh:  # a GRPO group's next sample of a question: copy, don't prefill again
-                state = slots.copy_prompt(state, fresh[prompt], slot, budget, key_data[i])
-            else:
-                state = slots.insert(params, state, slot, ids, budget, key_data[i] if reset else None)
-                if reset:
-                    fresh[prompt] = slot
-            occupant[slot], decoding[slot], parts[slot] = i, True, []
-
-        def refill(slot):
-            occupant[slot] = None
-            if waiting:
-                i = waiting.pop()
-                begin(slot, i, rows[i].prompt, reset=True)
-
-        def act_on_ended():
-            nonlocal ended, search_s
-            searches, hints = [], {}
-            for slot, stop in ended:
-                i = occupant[slot]
-                segment = [np.concatenate(x) for x in zip(*parts[slot])] + [stop, budgets[slot]]
-                self._act_row(rows, i, segment, rows[i].turns == self.limits.max_turns, searches, hints)
-            before = clock["retrieval"]
-            observations = self._search(rows, searches, internal, clock)
-            search_s = clock["retrieval"] - before if searches else search_s
-            chunks = self._encode(rows, {**hints, **observations})
-            for slot, _ in ended:
-                i = occupant[slot]
-                if rows[i].done:
-                    refill(slot)
-                else:
-                    begin(slot, i, chunks[i], reset=False)
-            ended = []
-
-        def compact():  # rows moved from the highest slots into the free ones: the calls decode fewer slots
-            nonlocal state, ended
-            for dst in [slot for slot in range(n) if occupant[slot] is None]:
-                src = max((slot for slot in range(n) if occupant[slot] is not None), default=-1)
-                if src < dst:
-                    break
-                state = slots.move(state, src, dst)
-                for x in (occupant, decoding, parts, budgets):
-                    x[dst] = x[src]
-                occupant[src], decoding[src], parts[src] = None, False, []
-                ended = [(dst if slot == src else slot, stop) for slot, stop in ended]
-
-        for slot in range(n):
-            refill(slot)
-        # act before the next call while a retrieval takes less than half a decode call (the last of each)
-        act_first, search_s = True, 0.0
-        while any(o is not None for o in occupant):
-            if ended and act_first:
-                act_on_ended()
-            if not waiting:  # only then can slots be free
-                compact()
-            in_call, out = decoding.copy(), None
-            if in_call.any():
-                dispatched = time.perf_counter()
-                out, state = slots.decode(params, state)  # dispatched: the host may act on `ended` meanwhile
-                fresh.clear()  # their slots decode now
-            if ended:
-                act_on_ended()
-            if out is not None:
-                t = time.perf_counter()
-                result = slots.fetch(out)
-                # the device was busy from the dispatch if the host had to wait for it; else the host's work
-                # outlasted the call, whose own length is unknown: count none of it (a lower bound)
-                waited = time.perf_counter() - t
-                call_s = time.perf_counter() - dispatched
-                clock["device"] += call_s if waited > 1e-3 else waited
-                act_first = search_s < call_s / 2
-                for slot in np.flatnonzero(in_call):
-                    k = int(result.length[slot])
-                    parts[slot].append((result.tokens[slot, :k], result.logprobs[slot, :k], result.entropy[slot, :k]))
-                    if not result.active[slot]:
-                        decoding[slot] = False
-                        ended.append((int(slot), int(result.stop[slot])))
+        schedule = _SlotSchedule.start(self, params, rows, keys, internal, clock)
+        act_first = True  # act before the next call while a retrieval takes less than half a decode call
+        while schedule.busy:
+            if schedule.ended and act_first:
+                schedule.act_on_ended()
+            if not schedule.waiting:  # only then can slots be free
+                schedule.compact()
+            call = schedule.dispatch()  # the host may act on `ended` while it runs
+            if schedule.ended:
+                schedule.act_on_ended()
+            if call is not None:
+                act_first = schedule.collect(*call)
         traj = traj_lib.assemble(rows, self.tokenizer, self.protocol, clock)
         # device and host overlap here: host is the wall time left when neither device nor retrieval ran
         clock["host"] = max(0.0, time.perf_counter() - t_start - clock["device"] - clock["retrieval"])
@@ -318,18 +231,15 @@ class AgentEngine:
         """Record each active row's segment and parse its action -> (searches (row, query), hints by row)."""
         searches, hints = [], {}
         for i in active:
-            n = int(seg.length[i])
-            segment = (seg.tokens[i, :n], seg.logprobs[i, :n], seg.entropy[i, :n], seg.stop[i], budget[i])
-            self._act_row(rows, i, segment, final, searches, hints)
+            self._act_row(rows, i, seg.row(i, budget[i]), final, searches, hints)
         return searches, hints
 
-    def _act_row(self, rows, i, segment, final: bool, searches: list, hints: dict) -> None:
-        """Record row i's segment (tokens, logprobs, entropy, stop code, its budget) and act on it: an answer
-        or the last turn ends the row, a search goes to `searches`, anything else gets the hint."""
-        tokens, logprobs, entropy, stop, budget = segment
-        row, ids = rows[i], [int(t) for t in tokens]
+    def _act_row(self, rows, i, segment: Segment, final: bool, searches: list, hints: dict) -> None:
+        """Record row i's segment and act on it: an answer or the last turn ends the row, a search goes to
+        `searches`, anything else gets the hint."""
+        row, ids = rows[i], [int(t) for t in segment.tokens]
         text = self.tokenizer.decode(ids)
-        row.add(POLICY, ids, text, logprobs, entropy)
+        row.add(POLICY, ids, text, segment.logprobs, segment.entropy)
         row.turns += 1
         action = self.protocol.parse_action(text)
         if action.kind == "answer":
@@ -338,7 +248,7 @@ class AgentEngine:
             row.done = True
         elif action.kind == "search":
             searches.append((i, action.content))
-        elif stop == STOP_BUDGET and budget < self.limits.max_segment_tokens:
+        elif segment.stop == STOP_BUDGET and segment.budget < self.limits.max_segment_tokens:
             row.done = row.truncated = True  # out of cache room
         else:
             hints[i] = (HINT, self.protocol.invalid_hint())
@@ -361,7 +271,7 @@ class AgentEngine:
             ]
         clock["retrieval"] += time.perf_counter() - t
         observations = {}
-        for j, (i, _) in enumerate(searches):
+        for j, (i, query) in enumerate(searches):
             row = rows[i]
             if facts is None:
                 obs = self.protocol.format_observation(docs[j])
@@ -369,6 +279,7 @@ class AgentEngine:
                 obs = self.protocol.format_observation(docs[j], facts[j])
                 row.internal.append(facts[j])
             row.searches += 1
+            row.queries.append(query)
             row.docs.append(list(docs[j]))
             row.retrieved.append(format_passages(docs[j]).strip())
             row.observations.append(obs)
@@ -388,6 +299,142 @@ class AgentEngine:
             rows[i].add(kind, ids, self.tokenizer.decode(ids))
             chunks[i] = ids
         return chunks
+
+
+@dataclasses.dataclass
+class _SlotSchedule:
+    """One rollout's decode slots as the host sees them (`AgentEngine._episodes_in_slots`), and their device
+    state. Slot s holds row occupant[s] (None: free), decodes in the next call if decoding[s], and has so far
+    decoded parts[s] of its current segment, of budgets[s] tokens."""
+
+    engine: AgentEngine
+    params: Any
+    rows: list[Row]
+    internal: Callable | None  # SOAR's internal stream (`AgentEngine._internal_stream`)
+    clock: dict
+    slots: Slots
+    state: SlotState
+    key_data: np.ndarray  # [rows, 2]: each row's PRNG key data, on the host
+    waiting: list[int]  # rows not started yet, popped from the end: row 0 first
+    occupant: list[int | None]
+    decoding: np.ndarray  # [n] bool
+    parts: list[list]  # per slot: (tokens, logprobs, entropy) of each call of the current segment
+    budgets: np.ndarray  # [n] int32
+    # (slot, stop code) of the segments that ended in the last call
+    ended: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # prompt -> the slot that prefilled it since the last call
+    fresh: dict = dataclasses.field(default_factory=dict)
+    search_s: float = 0.0  # seconds of the last retrieval
+
+    @classmethod
+    def start(cls, engine: AgentEngine, params, rows: list[Row], keys, internal, clock) -> _SlotSchedule:
+        """`limits.micro_batch` slots (at most one per row), the first rows started in them."""
+        slots = Slots(engine.sampler, engine.limits.steps_per_call)
+        n = min(engine.limits.micro_batch or len(rows), len(rows))
+        schedule = cls(
+            engine,
+            params,
+            rows,
+            internal,
+            clock,
+            slots,
+            slots.empty(n),
+            key_data=np.asarray(jax.random.key_data(keys)),  # read before any call
+            waiting=list(range(len(rows)))[::-1],
+            occupant=[None] * n,
+            decoding=np.zeros(n, bool),
+            parts=[[] for _ in range(n)],
+            budgets=np.zeros(n, np.int32),
+        )
+        for slot in range(n):
+            schedule.refill(slot)
+        return schedule
+
+    @property
+    def busy(self) -> bool:
+        return any(o is not None for o in self.occupant)
+
+    def begin(self, slot: int, i: int, ids, reset: bool) -> None:
+        """Row i decodes its next segment in `slot` after `ids` (reset: a new row, `ids` its prompt)."""
+        self.budgets[slot] = self.engine._budgets(self.rows, [i])[i]
+        budget = min(self.budgets[slot], self.engine.sampler.max_segment)
+        prompt = tuple(ids) if reset else None
+        key = self.key_data[i]
+        if prompt in self.fresh:  # a GRPO group's next sample of a question: copy, don't prefill again
+            self.state = self.slots.copy_prompt(self.state, self.fresh[prompt], slot, budget, key)
+        else:
+            self.state = self.slots.insert(self.params, self.state, slot, ids, budget, key if reset else None)
+            if reset:
+                self.fresh[prompt] = slot
+        self.occupant[slot], self.decoding[slot], self.parts[slot] = i, True, []
+
+    def refill(self, slot: int) -> None:
+        """`slot` is free: the next waiting row, if any, starts in it."""
+        self.occupant[slot] = None
+        if self.waiting:
+            i = self.waiting.pop()
+            self.begin(slot, i, self.rows[i].prompt, reset=True)
+
+    def act_on_ended(self) -> None:
+        """The host's turn for the segments that ended: each recorded and parsed, one retrieval for all their
+        searches, then each row's observation (or hint) inserted in its slot, or the slot refilled."""
+        engine, rows, searches, hints = self.engine, self.rows, [], {}
+        for slot, stop in self.ended:
+            i = self.occupant[slot]
+            segment = Segment.join(self.parts[slot], stop, self.budgets[slot])
+            engine._act_row(rows, i, segment, rows[i].turns == engine.limits.max_turns, searches, hints)
+        before = self.clock["retrieval"]
+        observations = engine._search(rows, searches, self.internal, self.clock)
+        self.search_s = self.clock["retrieval"] - before if searches else self.search_s
+        chunks = engine._encode(rows, {**hints, **observations})
+        for slot, _ in self.ended:
+            i = self.occupant[slot]
+            if rows[i].done:
+                self.refill(slot)
+            else:
+                self.begin(slot, i, chunks[i], reset=False)
+        self.ended = []
+
+    def compact(self) -> None:
+        """Rows moved from the highest slots into the free ones: the calls decode fewer slots."""
+        n = len(self.occupant)
+        for dst in [slot for slot in range(n) if self.occupant[slot] is None]:
+            src = max((slot for slot in range(n) if self.occupant[slot] is not None), default=-1)
+            if src < dst:
+                break
+            self.state = self.slots.move(self.state, src, dst)
+            for x in (self.occupant, self.decoding, self.parts, self.budgets):
+                x[dst] = x[src]
+            self.occupant[src], self.decoding[src], self.parts[src] = None, False, []
+            self.ended = [(dst if slot == src else slot, stop) for slot, stop in self.ended]
+
+    def dispatch(self) -> tuple | None:
+        """A decode call for the slots that decode, dispatched, not waited for: (its outputs, the slots in it,
+        when it was dispatched), or None when no slot decodes."""
+        in_call = self.decoding.copy()
+        if not in_call.any():
+            return None
+        dispatched = time.perf_counter()
+        out, self.state = self.slots.decode(self.params, self.state)
+        self.fresh.clear()  # their slots decode now
+        return out, in_call, dispatched
+
+    def collect(self, out, in_call: np.ndarray, dispatched: float) -> bool:
+        """A dispatched call's tokens (waited for) added to its slots' segments; a slot whose segment stopped
+        goes to `ended`. Returns whether to act before the next call: a retrieval took under half a call."""
+        t = time.perf_counter()
+        result = self.slots.fetch(out)
+        # the device was busy from the dispatch if the host had to wait for it; else the host's work outlasted
+        # the call, whose own length is unknown: count none of it (a lower bound)
+        waited = time.perf_counter() - t
+        call_s = time.perf_counter() - dispatched
+        self.clock["device"] += call_s if waited > 1e-3 else waited
+        for slot in np.flatnonzero(in_call):
+            self.parts[slot].append(result.piece(slot))
+            if not result.active[slot]:
+                self.decoding[slot] = False
+                self.ended.append((int(slot), int(result.stop[slot])))
+        return self.search_s < call_s / 2
 
 
 def text_generator(sampler: Sampler, params, tokenizer) -> Callable[[list[list[dict]], jax.Array], list[str]]:

@@ -42,9 +42,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from jaxsearch.data.qa_example import QAExample
+from jaxsearch.data.search_r1_prompt import SEARCH_R1_PROMPT, nonempty_question, search_r1_question
 from jaxsearch.retrieval.base import Doc, Retriever, format_passages, graph_r1_result_string
 from jaxsearch.agent import parsing
 from jaxsearch.registry import Registry
@@ -60,16 +63,6 @@ class Action:
 
 # ---------------------------------------------------------------------------------------------- prompts
 
-SEARCH_R1_PROMPT = (
-    "Answer the given question. "
-    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
-    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
-    "</search> and it will return the top searched results between <information> and </information>. "
-    "You can search as many times as your want. "
-    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> "
-    "and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
-    "Question: {question}\n"
-)
 SEARCH_R1_INVALID_HINT = (
     "\nMy previous action is invalid. "
     "If I want to search, I should put the query between <search> and </search>. "
@@ -275,7 +268,7 @@ class GraphR1Protocol(AgentProtocol):
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         self._reject_context(initial_context)
-        return GRAPH_R1_PROMPT.format(question=_nonempty(question))
+        return GRAPH_R1_PROMPT.format(question=nonempty_question(question))
 
     def parse_action(self, segment_text: str) -> Action:
         query = re.search(r"<query>(.*?)</query>", segment_text, re.DOTALL)
@@ -322,7 +315,7 @@ class EkaGraphR1Protocol(GraphR1Protocol):
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         block = _require_context(initial_context)
-        return EKA_GRAPH_R1_PROMPT.format(question=_nonempty(question)) + "\n" + block + "\n"
+        return EKA_GRAPH_R1_PROMPT.format(question=nonempty_question(question)) + "\n" + block + "\n"
 
     uses_initial_knowledge = True
 
@@ -356,7 +349,7 @@ class SoarProtocol(AgentProtocol):
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         self._reject_context(initial_context)
-        return _nonempty(question)
+        return nonempty_question(question)
 
     def parse_action(self, segment_text: str) -> Action:
         return search_r1_action(segment_text)
@@ -422,7 +415,7 @@ class RSearchProtocol(AgentProtocol):
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         self._reject_context(initial_context)
-        return _nonempty(question)
+        return nonempty_question(question)
 
     def parse_action(self, segment_text: str) -> Action:
         return search_r1_action(segment_text)
@@ -441,12 +434,6 @@ class RSearchProtocol(AgentProtocol):
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def search_r1_question(question: str) -> str:
-    """Search-R1's question: stripped, with "?" added when it does not end in one."""
-    question = _nonempty(question)
-    return question if question.endswith("?") else question + "?"
 
 
 def search_r1_action(text: str) -> Action:
@@ -493,8 +480,25 @@ def _require_context(initial_context: str | None) -> str:
     return initial_context
 
 
-def _nonempty(question: str) -> str:
-    question = question.strip()
-    if not question:
-        raise ValueError("question is empty")
-    return question
+def prompt_messages(
+    examples: Sequence[QAExample], protocol: str, use_data_prompt: bool = True
+) -> list[list[dict] | None] | None:
+    """Per example, the chat messages to prompt with instead of the protocol's own: the dataset's `prompt`
+    under the search_r1 protocol (None where an example has none); None when nothing replaces the protocol's
+    prompt (another protocol, `use_data_prompt=False`, or no example with a prompt).
+
+    Warns when a dataset prompt differs from the built-in Search-R1 template filled with its question.
+    """
+    if protocol != "search_r1" or not use_data_prompt or all(ex.prompt is None for ex in examples):
+        return None
+    builtin = [
+        [{"role": "user", "content": SEARCH_R1_PROMPT.format(question=search_r1_question(ex.question))}]
+        for ex in examples
+    ]
+    if any(ex.prompt is not None and ex.prompt != ours for ex, ours in zip(examples, builtin)):
+        warnings.warn(
+            "the dataset's own prompt differs from the built-in search_r1 template; prompting with the "
+            "dataset's (config protocol.data_prompt=False or launch/eval.py --builtin-prompt: ours)",
+            stacklevel=2,
+        )
+    return [ex.prompt for ex in examples]

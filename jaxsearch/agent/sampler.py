@@ -113,7 +113,7 @@ class StopTable:
 class DecodeState:
     """What persists between segments: the cache, each row's next-token logits [B, V] and PRNG key."""
 
-    cache: dict
+    cache: qwen2.KVCache
     logits: jax.Array
     keys: jax.Array  # [B] typed PRNG keys
 
@@ -131,6 +131,30 @@ class SegmentResult:
     entropy: np.ndarray
     length: np.ndarray
     stop: np.ndarray
+
+    def row(self, i: int, budget: int) -> Segment:
+        """Row i's segment, decoded under `budget` tokens."""
+        n = int(self.length[i])
+        return Segment(self.tokens[i, :n], self.logprobs[i, :n], self.entropy[i, :n], self.stop[i], budget)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One row's decoded segment, on the host, as the agent engine records and acts on it: the sampled
+    tokens [n] with their logprobs and entropy [n], its stop code (`SegmentResult.stop`) and the budget of
+    tokens it was decoded under."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    entropy: np.ndarray
+    stop: int
+    budget: int
+
+    @classmethod
+    def join(cls, pieces: Sequence[tuple], stop: int, budget: int) -> Segment:
+        """A segment decoded in several calls (decode slots): pieces = (tokens, logprobs, entropy) per call."""
+        tokens, logprobs, entropy = (np.concatenate(x) for x in zip(*pieces))
+        return cls(tokens, logprobs, entropy, stop, budget)
 
 
 def _filter_logits(logits, sampling: SamplingParams):
@@ -283,8 +307,7 @@ def decode_loop(
     per call).
     """
     b = budget.shape[0]
-    s_max = state.cache["k"][0].shape[1]
-    budget = jnp.minimum(budget, s_max - state.cache["lengths"][:b])  # never write past the cache end
+    budget = jnp.minimum(budget, state.cache.max_len - state.cache.lengths[:b])  # never past the cache end
     config, params = qwen2.for_decoding(config, params)
 
     def cond(seg: SegmentState):
@@ -296,7 +319,7 @@ def decode_loop(
 
     def body(seg: SegmentState) -> SegmentState:
         st, active, length = seg.state, seg.active, seg.length
-        tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache["lengths"][:b], sampling)
+        tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache.lengths[:b], sampling)
         logits, cache = qwen2.decode_step(config, params, st.cache, tok, active)
         code = _match_eos(tok, table)
         window = seg.window
@@ -449,7 +472,7 @@ class Sampler:
         longest = max(len(c) for c in chunks)
         if longest == 0:
             return state
-        free = self.cache_len - multihost.to_host(state.cache["lengths"])
+        free = self.cache_len - multihost.to_host(state.cache.lengths)
         too_long = [i for i, c in enumerate(chunks) if len(c) > free[i]]
         if too_long:
             raise ValueError(f"rows {too_long} would overflow the cache of {self.cache_len} tokens")

@@ -63,6 +63,11 @@ class StepsResult:
     stop: np.ndarray
     active: np.ndarray
 
+    def piece(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The slot's (tokens, logprobs, entropy) in this call: a piece of its segment (`Segment.join`)."""
+        k = int(self.length[slot])
+        return self.tokens[slot, :k], self.logprobs[slot, :k], self.entropy[slot, :k]
+
 
 def decode_steps(config, params, slots: SlotState, table, sampling, steps: int, widths: tuple[int, ...] = ()):
     """Up to `steps` tokens for each active slot. Returns ((tokens, logprobs, entropy, length, stop,
@@ -146,16 +151,12 @@ def insert(config, params, slots: SlotState, slot, ids, mask, key_data, budget, 
     def put(x, value):
         return _put(x, slot, value)
 
-    length = jnp.where(reset, 0, row(cache["lengths"]))
-    row_cache = {"k": tuple(map(row, cache["k"])), "v": tuple(map(row, cache["v"])), "lengths": length}
+    row_cache = jax.tree.map(row, cache)
+    row_cache = row_cache.replace(lengths=jnp.where(reset, 0, row_cache.lengths))
     logits, row_cache = qwen2.extend_over_span(config, params, row_cache, ids, mask)
     keys = jax.random.key_data(st.keys)
     keys = put(keys, jnp.where(reset, key_data, row(keys)[0])[None])
-    new_cache = {
-        "k": tuple(put(a, b) for a, b in zip(cache["k"], row_cache["k"])),
-        "v": tuple(put(a, b) for a, b in zip(cache["v"], row_cache["v"])),
-        "lengths": put(cache["lengths"], row_cache["lengths"]),
-    }
+    new_cache = jax.tree.map(put, cache, row_cache)
     return _start_segment(slots, slot, new_cache, put(st.logits, logits), keys, budget)
 
 

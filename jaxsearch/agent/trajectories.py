@@ -2,6 +2,7 @@
 
     traj = engine.rollout(params, questions, key)     # agent/engine.py
     traj.tokens[b], traj.loss_mask[b], traj.docs[b]   # row b: [L] ids, [L] 0/1, per search the Docs retrieved
+    traj.queries[b]                                   # row b: per search, the query it searched
 
 `Row` is the host-side record of one row while its episode runs; `assemble` turns the rows into
 `Trajectories`; `concat` joins the trajectories of several micro-batches.
@@ -46,6 +47,7 @@ class Trajectories:
     # per row: EKA's P0 (the Docs in the prompt; [] without P0), and per search the Docs retrieved
     initial_docs: list = dataclasses.field(metadata=dict(static=True))
     docs: list = dataclasses.field(metadata=dict(static=True))
+    queries: list = dataclasses.field(metadata=dict(static=True))  # per row, per search: the query searched
     observations: list = dataclasses.field(metadata=dict(static=True))  # per row: observation strings
     # per row, per search: the retrieved passages' text (the external stream, E_ext) and SOAR's listed facts
     # (the internal stream, E_int), kept apart: a SOAR observation shows both
@@ -74,6 +76,7 @@ class Row:
         self.chunks: list[tuple[str, list[int], np.ndarray, np.ndarray]] = []
         self.texts: list[tuple[str, str]] = []
         self.answer: str | None = None
+        self.queries: list[str] = []
         self.docs: list[list[Doc]] = []
         self.observations: list[str] = []
         self.retrieved: list[str] = []
@@ -157,6 +160,7 @@ def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectorie
         responses=responses,
         initial_docs=[r.initial_docs for r in rows],
         docs=[r.docs for r in rows],
+        queries=[r.queries for r in rows],
         observations=[r.observations for r in rows],
         retrieved=[r.retrieved for r in rows],
         internal_knowledge=[r.internal for r in rows],
@@ -190,3 +194,9 @@ def pad_to(x: np.ndarray, width: int) -> np.ndarray:
     """[B, width]: `x` [B, T] cut or zero-padded on the right."""
     x = x[:, :width]
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+def padded_width(length: int, cap: int, multiple: int) -> int:
+    """Columns for a batch whose longest row has `length` tokens: `cap`, or with `multiple` > 0 `length`
+    rounded up to a multiple of it, at most `cap` (fewer padded columns; a compile per width seen)."""
+    return min(cap, -(-length // multiple) * multiple) if multiple else cap

@@ -9,7 +9,7 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
   "ground_truth": {"target": [...]}}` and `extra_info: {"split", "index"}`. The answers come from
   `reward_model`; `id` falls back to `{data_source}_{split}_{index}`; `question` to the text between the
   template's known prefix and its final newline (a prompt of another template: the text after its last
-  "Question:"). The chat list is kept as `QAExample.prompt`; `prompt_messages` hands it to the search_r1
+  "Question:"). The chat list is kept as `QAExample.prompt`; `agent.protocols.prompt_messages` hands it to the search_r1
   protocol. A merged Search-R1 test set repeats ids across data sources: an example is identified by
   (`data_source`, `id`) (`QAExample.key`).
 
@@ -23,7 +23,7 @@ instead (trivia_qa, natural_questions, ...; optional extra `[tfds]`): see `jaxse
 
 curatedtrec's golden answers are regular expressions (FlashRAG's rule, by dataset name): rows of a file in a
 `curatedtrec/` directory (or named `curatedtrec.jsonl` / `.parquet`) or with `data_source` "curatedtrec" get
-`eval.metrics.Regex` answers, which exact match and sub-exact match read as patterns.
+`Regex` answers (`data.qa_example`), which exact match and sub-exact match read as patterns.
 
 Reading streams: one JSON line or one parquet record batch at a time. Any bad row is a `QADataError` naming
 the file, the line (parquet: row) and the field; a file without examples is an error too.
@@ -34,15 +34,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from jaxsearch.data import tfds_source
-from jaxsearch.data.qa_example import QADataError, QAExample
-from jaxsearch.eval.metrics import Regex
+from jaxsearch.data.qa_example import QADataError, QAExample, Regex
+from jaxsearch.data.search_r1_prompt import SEARCH_R1_PROMPT
 
 SUFFIXES = (".jsonl", ".parquet", ".json")
 REGEX_DATASET = "curatedtrec"  # FlashRAG compares its golden answers as regular expressions
@@ -120,7 +119,7 @@ def _search_r1_fields(row: dict, metadata: dict, where: str) -> tuple[object, ob
 def _question_from_prompt(prompt: object, where: str) -> str:
     """The question in the prompt's user turn: exactly what Search-R1's `make_prefix` put between its prefix
     and its final newline; for another template, the text after the last "Question:"."""
-    prefix, _, suffix = _search_r1_template().partition("{question}")
+    prefix, _, suffix = SEARCH_R1_PROMPT.partition("{question}")
     for message in _chat_messages(prompt, where):
         content = message["content"]
         if message["role"] != "user":
@@ -130,12 +129,6 @@ def _question_from_prompt(prompt: object, where: str) -> str:
         if "Question:" in content:
             return content.rpartition("Question:")[2]
     raise QADataError(f"{where}: field 'prompt' has no user message containing 'Question:'")
-
-
-def _search_r1_template() -> str:
-    from jaxsearch.agent.protocols import SEARCH_R1_PROMPT  # Search-R1's make_prefix, "{question}" inside
-
-    return SEARCH_R1_PROMPT
 
 
 def _chat_messages(prompt: object, where: str) -> list[dict]:
@@ -253,33 +246,6 @@ def _parquet_rows(path: str) -> Iterator[tuple[str, object]]:
         for row in batch.to_pylist():
             row_no += 1
             yield f"{path}: row {row_no}", row
-
-
-def prompt_messages(
-    examples: Sequence[QAExample], protocol: str, use_data_prompt: bool = True
-) -> list[list[dict] | None] | None:
-    """Per example, the chat messages to prompt with instead of the protocol's own: the dataset's `prompt`
-    under the search_r1 protocol (None where an example has none); None when nothing replaces the protocol's
-    prompt (another protocol, `use_data_prompt=False`, or no example with a prompt).
-
-    Warns when a dataset prompt differs from the built-in Search-R1 template filled with its question.
-    """
-    if protocol != "search_r1" or not use_data_prompt or all(ex.prompt is None for ex in examples):
-        return None
-    template = _search_r1_template()
-    from jaxsearch.agent.protocols import search_r1_question
-
-    builtin = [
-        [{"role": "user", "content": template.format(question=search_r1_question(ex.question))}]
-        for ex in examples
-    ]
-    if any(ex.prompt is not None and ex.prompt != ours for ex, ours in zip(examples, builtin)):
-        warnings.warn(
-            "the dataset's own prompt differs from the built-in search_r1 template; prompting with the "
-            "dataset's (config protocol.data_prompt=False or launch/eval.py --builtin-prompt: ours)",
-            stacklevel=2,
-        )
-    return [ex.prompt for ex in examples]
 
 
 def load_examples(path: str | os.PathLike) -> list[QAExample]:

@@ -1,4 +1,4 @@
-"""`QAExample`, one question with its golden answers, and `QADataError`, the error for a QA source that cannot
+"""`QAExample`, one question with its golden answers (plain strings, or `Regex` patterns), and `QADataError`, the error for a QA source that cannot
 be used: what every QA reader returns or raises (`qa` for FlashRAG / Search-R1 files, `tfds_source` for
 tensorflow-datasets builders).
 """
@@ -6,6 +6,15 @@ tensorflow-datasets builders).
 from __future__ import annotations
 
 import dataclasses
+import re
+
+
+class Regex(str):
+    """A golden answer that is a regular expression (curatedtrec), matched case-insensitively."""
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return re.compile(self, re.IGNORECASE)
 
 
 class QADataError(ValueError):

@@ -18,14 +18,14 @@ Files in `out_dir`:
 
 Examples are identified by (data_source, id) (`QAExample.key`; records carry `data_source` when the example
 has one): a merged Search-R1 test set repeats ids across sources. The prompt is the protocol's own, or for
-search_r1 the dataset's `prompt` when it has one (`data.qa.prompt_messages`; `use_data_prompt=False`: ours).
+search_r1 the dataset's `prompt` when it has one (`AgentEngine.rollout_examples`; `use_data_prompt=False`: ours).
 
 Resumable: a rerun skips the examples (by key) already in NAME.jsonl. A last line without its newline (a crash
 mid-write) is dropped and redone; any other unreadable line is an `EvalError` naming the file and line.
 
 Metrics per example (`record["metrics"]`):
 
-    em, f1, sub_em  the final <answer> against the golden answers (`eval.metrics`; no answer scores "")
+    em, f1, sub_em  the final <answer> against the golden answers (`scoring.metrics`; no answer scores "")
     recall          FlashRAG's retrieval recall@k: 1 if a golden answer occurs in a passage the episode
                     retrieved: any search's top-k, and EKA's P0 unless include_initial=False
     rs              R-S (`retrieval_similarity`): the gold passages (a Graph-R1 row's `context`, else its
@@ -56,14 +56,13 @@ from tqdm import tqdm
 from jaxsearch.agent import segments
 from jaxsearch.agent.engine import AgentEngine
 from jaxsearch.agent.protocols import GraphR1Protocol, knowledge_lines
-from jaxsearch.data import qa
 from jaxsearch.data.qa import QAExample
-from jaxsearch.eval import metrics as qa_metrics
+from jaxsearch.scoring import metrics as qa_metrics
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
 from jaxsearch.files import atomic_write_text
 from jaxsearch.retrieval.base import Doc, graph_r1_result_string
 from jaxsearch.retrieval.metrics import recall_at_k
-from jaxsearch.rl import rewards as rewards_lib
+from jaxsearch.scoring import rewards as rewards_lib
 
 MEAN_METRICS = ("em", "f1", "sub_em", "recall", "turns", "searches", "finish_ratio", "truncated")
 TABLE_COLUMNS = (  # (summary key, header)
@@ -167,8 +166,7 @@ def run_batch(
     -> one record each."""
     n = len(examples)
     padded = list(examples) + [examples[-1]] * (batch_size - n)
-    messages = qa.prompt_messages(padded, engine.protocol.name, use_data_prompt)
-    traj = engine.rollout(params, [ex.question for ex in padded], key, messages)
+    traj = engine.rollout_examples(params, padded, key, use_data_prompt)
     fabrication = [None] * n
     if judge is not None:
         scores = rewards_lib.judge_fabrication(judge, rewards_lib.reward_inputs(traj, examples))

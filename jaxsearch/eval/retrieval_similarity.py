@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxsearch.eval.metrics import normalize_answer
+from jaxsearch.scoring.metrics import normalize_answer
 
 
 class RetrievalSimilarity:

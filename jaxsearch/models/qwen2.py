@@ -1,6 +1,7 @@
 """Qwen2 / Qwen2.5 decoder in Flax linen, with pure functions over a params pytree.
 
-One file holds the model (its attention in `models/attention.py`): config and presets, modules with
+One file holds the model (its attention in `models/attention.py`, its config and presets in
+`models/qwen2_config.py`, re-exported here: `qwen2.Qwen2Config`, `qwen2.preset`): modules with
 logical-axis annotations on every parameter and main activation (flax's logical-axis rules map them to a
 mesh: `jaxsearch.parallel` holds the rules and enters them), and the pure entry points the rest of
 jaxsearch calls:
@@ -26,203 +27,29 @@ on small models a decode step costs per op rather than per FLOP.
     final_norm/scale         [E]
     lm_head/kernel           [E, V]        (embed, vocab)    absent when embeddings are tied
 
-The KV cache is a pytree `{"k": L x [B, S, K, D], "v": L x [B, S, K, D], "lengths": [B]}` (a tuple of
-per-layer arrays, so each decode step updates every layer's buffer in place): row b holds its
-valid tokens in slots [0, lengths[b]) and its next token has position lengths[b]. `extend` appends a
+The KV cache is a `KVCache` pytree: k, v (tuples of L arrays [B, S, K, D], one per layer, so each decode
+step updates every layer's buffer in place) and lengths [B]: row b holds its valid tokens in slots
+[0, lengths[b]) and its next token has position lengths[b]. `extend` appends a
 chunk of tokens per row (padding anywhere in the chunk is skipped), which serves prefill (empty
 cache), one-token decode and appending retrieved observations at each row's own offset.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsearch.models.attention import attend
+from jaxsearch.models.qwen2_config import PRESETS, Qwen2Config, preset  # noqa: F401 (qwen2.Qwen2Config, ...)
 from jaxsearch.models.spans import cache_spans, first_span
+from jaxsearch.parallel import fit_rules
 
 Params = Any  # a nested dict of arrays
-
-
-@dataclasses.dataclass(frozen=True)
-class Qwen2Config:
-    """Architecture and numerics of a Qwen2 decoder. Frozen: usable as a static jit argument."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    num_hidden_layers: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = False
-    head_dim: int | None = None  # None: hidden_size // num_attention_heads
-    dtype: str = "float32"  # compute dtype of matmuls and activations
-    param_dtype: str = "float32"
-    remat: bool = False  # rematerialise each decoder layer in the backward pass
-    logprob_chunk: int = 256  # sequence chunk of `token_logprobs` (bounds the [B, chunk, V] temporary)
-    attention_chunk: int = 0  # > 0: queries in chunks of this many, each rematerialised (bounds the
-    #                           [B, H, chunk, S] scores of a long training forward); 0: dense
-    scan_layers: bool = False  # cache-free passes run the layers in a lax.scan over stacked params: each
-    #                            layer's gathered (fsdp) weights and gradients live for one iteration only
-
-    def __post_init__(self):
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ValueError(
-                    f"hidden_size={self.hidden_size} is not a multiple of "
-                    f"num_attention_heads={self.num_attention_heads}; set head_dim"
-                )
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        for field in ("dtype", "param_dtype"):
-            if getattr(self, field) not in ("float32", "bfloat16", "float16"):
-                raise ValueError(
-                    f"Qwen2Config.{field}={getattr(self, field)!r}: expected float32, bfloat16 or float16"
-                )
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    @property
-    def weight_dtype(self):
-        return jnp.dtype(self.param_dtype)
-
-    def replace(self, **changes) -> "Qwen2Config":
-        return dataclasses.replace(self, **changes)
-
-    def num_params(self) -> int:
-        e, f, h, k, d, v = (
-            self.hidden_size,
-            self.intermediate_size,
-            self.num_attention_heads,
-            self.num_key_value_heads,
-            self.head_dim,
-            self.vocab_size,
-        )
-        attn = e * h * d + h * d + 2 * (e * k * d + k * d) + h * d * e
-        layer = attn + 3 * e * f + 2 * e
-        return v * e * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + e
-
-    @classmethod
-    def from_hf_dict(cls, cfg: dict, **overrides) -> "Qwen2Config":
-        """From a transformers config.json dict (rope_theta top-level or inside `rope_parameters`)."""
-        rope_theta = cfg.get("rope_theta")
-        if rope_theta is None:
-            rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        missing = [
-            k
-            for k in (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_attention_heads",
-                "num_hidden_layers",
-            )
-            if k not in cfg
-        ]
-        if missing:
-            raise ValueError(f"config.json lacks field(s) {missing}")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config.json field hidden_act={cfg['hidden_act']!r}: only 'silu' is supported")
-        kwargs = dict(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_attention_heads=cfg["num_attention_heads"],
-            num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            head_dim=cfg.get("head_dim"),
-        )
-        kwargs.update(overrides)
-        return cls(**kwargs)
-
-    @classmethod
-    def from_hf_json(cls, path: str, **overrides) -> "Qwen2Config":
-        with open(path) as f:
-            try:
-                cfg = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
-        try:
-            return cls.from_hf_dict(cfg, **overrides)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-
-    def to_hf_dict(self) -> dict:
-        """The config.json that transformers' Qwen2ForCausalLM reads."""
-        return {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
-            "hidden_act": "silu",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "num_hidden_layers": self.num_hidden_layers,
-            "head_dim": self.head_dim,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_dropout": 0.0,
-            "use_sliding_window": False,
-            "use_cache": True,
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
-            "torch_dtype": self.param_dtype,
-            "initializer_range": 0.02,
-        }
-
-
-def _preset(hidden, inter, heads, kv, layers, eps, tied, vocab) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        num_hidden_layers=layers,
-        rms_norm_eps=eps,
-        tie_word_embeddings=tied,
-        rope_theta=1e6,
-        max_position_embeddings=32768,
-    )
-
-
-# From the published config.json of each Qwen2.5 checkpoint.
-PRESETS: dict[str, Qwen2Config] = {
-    "qwen2.5-0.5b": _preset(896, 4864, 14, 2, 24, 1e-6, True, 151936),
-    "qwen2.5-1.5b": _preset(1536, 8960, 12, 2, 28, 1e-6, True, 151936),
-    "qwen2.5-3b": _preset(2048, 11008, 16, 2, 36, 1e-6, True, 151936),
-    "qwen2.5-7b": _preset(3584, 18944, 28, 4, 28, 1e-6, False, 152064),
-    "qwen2.5-14b": _preset(5120, 13824, 40, 8, 48, 1e-5, False, 152064),
-}
-
-
-def preset(name: str, **overrides) -> Qwen2Config:
-    if name not in PRESETS:
-        raise KeyError(f"unknown Qwen2 preset {name!r}; known: {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,31 +59,6 @@ def preset(name: str, **overrides) -> Qwen2Config:
 
 def _param(module: nn.Module, name: str, shape, axes, init, dtype):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
-
-
-def fit_rules(
-    axes: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int], rules
-) -> tuple[tuple[str, Any], ...]:
-    """Logical-axis `rules` (name -> mesh axis, a tuple of them, or None) fitted to one array of `shape`
-    with logical `axes`: each named dimension keeps the mesh axes of its rule that are larger than 1 and
-    not taken by an earlier dimension, or gets None (replicated) when none are left or their product does
-    not divide it (e.g. 2 kv heads over a tensor axis of 4), so every rule set works for every model size.
-    `nn.logical_to_mesh_axes(axes, fit_rules(...))` is the array's PartitionSpec."""
-    table = dict(rules)
-    used: set[str] = set()
-    fitted = []
-    for name, dim in zip(axes, shape):
-        if name is None:
-            continue
-        target = table.get(name)
-        names = (target,) if isinstance(target, str) else tuple(target or ())
-        names = tuple(n for n in names if n not in used and mesh_shape[n] > 1)
-        if not names or dim % int(np.prod([mesh_shape[n] for n in names])):
-            fitted.append((name, None))
-            continue
-        used.update(names)
-        fitted.append((name, names[0] if len(names) == 1 else names))
-    return tuple(fitted)
 
 
 def _constrain(x, axes):
@@ -563,20 +365,34 @@ def token_logprobs(
 CACHE_AXES = ("batch", "length", "kv_heads", "head_dim")
 
 
-def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> dict:
+@flax.struct.dataclass
+class KVCache:
+    """The decode cache of B rows and S slots: row b holds its valid tokens in slots [0, lengths[b])."""
+
+    k: tuple  # L x [B, S, K, D] (CACHE_AXES): each layer's keys
+    v: tuple  # L x [B, S, K, D]: each layer's values
+    lengths: jax.Array  # [B] int32: the row's tokens; its next one goes to slot (and position) lengths[b]
+
+    @property
+    def max_len(self) -> int:
+        """S: slots per row."""
+        return self.k[0].shape[1]
+
+
+def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache: k, v tuples of L zero arrays [B, S, K, D] in the compute dtype; lengths [B] zeros."""
     shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
     dtype = dtype or config.compute_dtype
     layers = range(config.num_hidden_layers)
-    return {  # sharded like the activations, when they are
-        "k": tuple(_constrain(jnp.zeros(shape, dtype), CACHE_AXES) for _ in layers),
-        "v": tuple(_constrain(jnp.zeros(shape, dtype), CACHE_AXES) for _ in layers),
-        "lengths": _constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
-    }
+    return KVCache(  # sharded like the activations, when they are
+        k=tuple(_constrain(jnp.zeros(shape, dtype), CACHE_AXES) for _ in layers),
+        v=tuple(_constrain(jnp.zeros(shape, dtype), CACHE_AXES) for _ in layers),
+        lengths=_constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
+    )
 
 
 def extend(
-    config: Qwen2Config, params: Params, cache: dict, tokens, token_mask=None, all_logits: bool = False
+    config: Qwen2Config, params: Params, cache: KVCache, tokens, token_mask=None, all_logits: bool = False
 ):
     """Append tokens [B, T] (token_mask [B, T]: 1 = append, 0 = skip) to the first B rows of the cache (its
     other rows, if it has more, are kept as they are: the decode slots decode a prefix of theirs).
@@ -590,13 +406,13 @@ def extend(
         token_mask = jnp.ones_like(tokens)
     token_mask = token_mask.astype(bool)
     b, t = tokens.shape
-    s = cache["k"][0].shape[1]
-    lengths = cache["lengths"][:b]
+    s = cache.max_len
+    lengths = cache.lengths[:b]
     offset = jnp.cumsum(token_mask.astype(jnp.int32), axis=1) - 1  # index among the row's valid tokens
     slot = lengths[:, None] + offset  # [B, T] slot (== position)
     write_slot = jnp.where(token_mask, slot, s)  # s: out of range, dropped
     new_lengths = jax.lax.dynamic_update_slice_in_dim(
-        cache["lengths"], lengths + token_mask.sum(axis=1, dtype=jnp.int32), 0, axis=0
+        cache.lengths, lengths + token_mask.sum(axis=1, dtype=jnp.int32), 0, axis=0
     )
     # query at slot p sees keys at slots <= p; skipped queries see slot 0 only (finite, ignored)
     key_slots = jnp.arange(s)
@@ -606,7 +422,7 @@ def extend(
 
     def writer(layer):
         def kv_write(k, v):
-            k_cache, v_cache = cache["k"][layer], cache["v"][layer]
+            k_cache, v_cache = cache.k[layer], cache.v[layer]
             k_all = k_cache.at[rows, write_slot].set(k.astype(k_cache.dtype), mode="drop")
             v_all = v_cache.at[rows, write_slot].set(v.astype(v_cache.dtype), mode="drop")
             return k_all[:b], v_all[:b], (k_all, v_all)
@@ -621,11 +437,9 @@ def extend(
         mask,
         [writer(i) for i in range(config.num_hidden_layers)],
     )
-    new_cache = {
-        "k": tuple(kv[0] for kv in new_kvs),
-        "v": tuple(kv[1] for kv in new_kvs),
-        "lengths": new_lengths,
-    }
+    new_cache = KVCache(
+        k=tuple(kv[0] for kv in new_kvs), v=tuple(kv[1] for kv in new_kvs), lengths=new_lengths
+    )
     if not all_logits:
         # the last valid entry of each row's chunk is where its offset is largest
         last_idx = jnp.argmax(jnp.where(token_mask, offset, -1), axis=1)
@@ -633,7 +447,7 @@ def extend(
     return model.apply({"params": params}, hidden, method=Qwen2.logits), new_cache
 
 
-def extend_over_span(config: Qwen2Config, params: Params, cache: dict, tokens, token_mask=None):
+def extend_over_span(config: Qwen2Config, params: Params, cache: KVCache, tokens, token_mask=None):
     """`extend` (logits [B, V] of each row's last token, new cache) reading and writing only the cache's first
     span that holds every row's keys once the chunk is in (`spans.cache_spans`: 128, 256, ... slots, picked
     on the device), so a chunk's attention costs the slots in use, not the whole cache: appending 128 tokens
@@ -641,25 +455,25 @@ def extend_over_span(config: Qwen2Config, params: Params, cache: dict, tokens, t
     same as `extend` but for the rounding of sums over the attended slots."""
     if token_mask is None:
         token_mask = jnp.ones_like(tokens)
-    spans = cache_spans(cache["k"][0].shape[1], at_least=tokens.shape[1])
+    spans = cache_spans(cache.max_len, at_least=tokens.shape[1])
     if len(spans) == 1:
         return extend(config, params, cache, tokens, token_mask)
 
     def over(n):
-        def run(cache):
-            part = {"k": tuple(a[:, :n] for a in cache["k"]), "v": tuple(a[:, :n] for a in cache["v"])}
-            logits, new = extend(config, params, {**part, "lengths": cache["lengths"]}, tokens, token_mask)
+        def run(cache: KVCache):
+            part = cache.replace(k=tuple(a[:, :n] for a in cache.k), v=tuple(a[:, :n] for a in cache.v))
+            logits, new = extend(config, params, part, tokens, token_mask)
 
             def put(whole, head):
                 return jax.lax.dynamic_update_slice_in_dim(whole, head, 0, axis=1)
 
-            k, v = tuple(map(put, cache["k"], new["k"])), tuple(map(put, cache["v"], new["v"]))
-            return logits, {"k": k, "v": v, "lengths": new["lengths"]}
+            k, v = tuple(map(put, cache.k, new.k)), tuple(map(put, cache.v, new.v))
+            return logits, KVCache(k=k, v=v, lengths=new.lengths)
 
         return run
 
     appended = jnp.sum(token_mask.astype(bool), axis=1, dtype=jnp.int32)
-    needed = jnp.max(cache["lengths"][: tokens.shape[0]] + appended)
+    needed = jnp.max(cache.lengths[: tokens.shape[0]] + appended)
     return jax.lax.switch(first_span(spans, needed), [over(n) for n in spans], cache)
 
 
@@ -675,8 +489,8 @@ def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_
     )
     if span < max_len:
         pad = ((0, 0), (0, max_len - span), (0, 0), (0, 0))
-        for name in ("k", "v"):
-            cache[name] = tuple(_constrain(jnp.pad(a, pad), CACHE_AXES) for a in cache[name])
+        k, v = (tuple(_constrain(jnp.pad(a, pad), CACHE_AXES) for a in kv) for kv in (cache.k, cache.v))
+        cache = cache.replace(k=k, v=v)
     return logits, cache
 
 
@@ -694,7 +508,7 @@ def for_decoding(config: Qwen2Config, params: Params) -> tuple[Qwen2Config, Para
     return config.replace(tie_word_embeddings=False), {**params, "lm_head": head}
 
 
-def decode_step(config: Qwen2Config, params: Params, cache: dict, token, active=None):
+def decode_step(config: Qwen2Config, params: Params, cache: KVCache, token, active=None):
     """One token per row: token [B] int; active [B] bool (inactive rows append nothing).
 
     Returns (logits [B, V], cache).

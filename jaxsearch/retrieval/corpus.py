@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxsearch.retrieval.base import Doc, content_id, split_contents
+from jaxsearch.retrieval.base import Doc, content_id
 
 
 class CorpusError(ValueError):

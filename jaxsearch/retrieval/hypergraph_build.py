@@ -53,13 +53,17 @@ into FAISS flat indexes of the same size."""
 class TokenChunker:
     """Text -> windows of `size` tokens starting every `size - overlap` tokens, each decoded and stripped
     (graphr1/operate.py chunking_by_token_size). Graph-R1 counts gpt-4o-mini's tokens (tiktoken "o200k_base",
-    whose file tiktoken downloads); the default "qwen" is Qwen2.5's tokenizer, shipped with the package."""
+    whose file tiktoken downloads). `encoder`: any tokenizer with encode(text) -> ids and decode(ids) -> text
+    (`models.tokenizer.Tokenizer`; the command passes Qwen2.5's for the default "qwen"), recorded by `tokenizer`,
+    its name; without one, `tokenizer` names a tiktoken encoding. Retrieval knows no model: it is handed one."""
 
-    def __init__(self, tokenizer: str = "qwen", size: int = CHUNK_TOKENS, overlap: int = CHUNK_OVERLAP):
+    def __init__(
+        self, tokenizer: str = "qwen", size: int = CHUNK_TOKENS, overlap: int = CHUNK_OVERLAP, encoder=None
+    ):
         if not 0 <= overlap < size:
             raise ValueError(f"chunk overlap must be in [0, size); got size {size}, overlap {overlap}")
         self.tokenizer, self.size, self.overlap = tokenizer, size, overlap
-        self._codec = None
+        self._codec = None if encoder is None else (encoder.encode, encoder.decode)
 
     @property
     def spec(self) -> dict:
@@ -68,15 +72,11 @@ class TokenChunker:
     def _encode_decode(self):
         if self._codec is None:
             if self.tokenizer == "qwen":
-                from jaxsearch.models.tokenizer import QwenTokenizer
+                raise ValueError("TokenChunker('qwen') needs encoder=models.tokenizer.QwenTokenizer()")
+            import tiktoken
 
-                tok = QwenTokenizer()
-                self._codec = (tok.encode, tok.decode)
-            else:
-                import tiktoken
-
-                enc = tiktoken.get_encoding(self.tokenizer)
-                self._codec = (enc.encode_ordinary, lambda ids: enc.decode(ids, errors="replace"))
+            enc = tiktoken.get_encoding(self.tokenizer)
+            self._codec = (enc.encode_ordinary, lambda ids: enc.decode(ids, errors="replace"))
         return self._codec
 
     def split(self, text: str) -> list[str]:

@@ -2,6 +2,8 @@
 
     algo = make_algorithm(cfg, model_config, mesh)       # cfg.algo.advantage: "gae" -> PPO, else GRPO
     state = algo.init_state(params)                      # {"policy": TrainState[, "critic": TrainState]}
+    params = algo.decode_params(state)                   # the policy as the sampler reads it
+    state, metrics = algo.step(state, traj, scores, timer)   # prepare, then update:
     batches = algo.prepare(state, traj, scores, timer)   # mini-batches: padded rows, log-probs, advantages
     state, metrics = algo.update(state, batches)         # ppo_epochs x mini_batches jitted updates
 
@@ -19,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsearch.agent.trajectories import Trajectories, pad_to
+from jaxsearch.agent.trajectories import Trajectories, pad_to, padded_width
 from jaxsearch.config import RunConfig
-from jaxsearch.data.sft import padded_width
+from jaxsearch.models.sharding import to_decode_layout
 from jaxsearch.rl import advantages as adv_lib
 from jaxsearch.rl import train_step as ts
 
@@ -146,6 +148,18 @@ class GRPO:
         self.logprobs = ts.make_logprob_fn(
             self.model_config, self.mesh, state["policy"].params, example, self.cfg.rollout.temperature
         )
+
+    def decode_params(self, state):
+        """The policy as the sampler reads it (`rollout.decode_layout`): a copy made now, or the params."""
+        layout = self.cfg.rollout.decode_layout
+        return to_decode_layout(self.model_config, state["policy"].params, self.mesh, layout)
+
+    def step(self, state, traj: Trajectories, scores: np.ndarray, timer) -> tuple[dict, dict]:
+        """One RL update from a rollout and its [B] scores: the update batches (`prepare`: old and reference
+        log-probs, advantages), then `update` (timed as "update") -> (state, metrics)."""
+        batches = self.prepare(state, traj, scores, timer)
+        with timer("update"):
+            return self.update(state, batches)
 
     def slices(self) -> list[slice]:
         n = self.cfg.algo.mini_batches

@@ -23,10 +23,11 @@ from dataclasses import replace
 import jax
 
 from jaxsearch import checkpoint
+from jaxsearch.models import orbax_io
 from jaxsearch.config import RunConfig, TokenizerConfig
 from jaxsearch.files import atomic_write, atomic_write_text
 from jaxsearch.agent.build import build_protocol, build_retriever, load_tokenizer
-from jaxsearch.models.policy import model_config
+from jaxsearch.agent.policy import model_config
 from jaxsearch.rl import trainer
 
 log = logging.getLogger("jaxsearch.pipeline")
@@ -35,7 +36,7 @@ log = logging.getLogger("jaxsearch.pipeline")
 def prepare_world(cfg: RunConfig, workdir: str) -> RunConfig:
     """Write the synthetic world once; `cfg` with its data, retriever corpus and tokenizer pointed at it (and
     the model's vocabulary the world tokenizer's, for a random init of explicit sizes)."""
-    from jaxsearch.data import sft as sft_data
+    from jaxsearch.agent import sft_traces as sft_data
     from jaxsearch.data.world.generator import generate_world, world_config
 
     world_dir = os.path.join(workdir, "world")
@@ -73,7 +74,7 @@ def world_hypergraph(world_dir: str, encoder: str) -> str:
     from jaxsearch.retrieval import hypergraph_build
     from jaxsearch.retrieval.encoders import Encoder
     from jaxsearch.retrieval.hypergraph import META_FILE, hypergraph_encoder_spec
-    from jaxsearch.retrieval.hypergraph_extract import WorldExtractor
+    from jaxsearch.data.world.extractor import WorldExtractor
 
     out = os.path.join(world_dir, "hypergraph")
     if not os.path.exists(os.path.join(out, META_FILE)):
@@ -120,7 +121,7 @@ def held_out_file(world_dir: str, eval_split: str) -> str:
 
 def run_sft(cfg, workdir: str, progress: bool = True) -> str:
     """Supervised warm start on the world's templated trajectories; returns the params directory."""
-    from jaxsearch.data import sft as sft_data
+    from jaxsearch.agent import sft_traces as sft_data
     from jaxsearch.data.world.generator import generate_world, world_config
     from jaxsearch.models import qwen2
     from jaxsearch.rl import sft as sft_lib
@@ -175,7 +176,7 @@ def run_sft(cfg, workdir: str, progress: bool = True) -> str:
         os.path.join(out, "metrics.jsonl"),
         "".join(json.dumps({"step": step, "sft/loss": loss}) + "\n" for step, loss in enumerate(losses, start=1)),
     )
-    checkpoint.save_params(params_dir, config, params)
+    orbax_io.save_params(params_dir, config, params)
     if jax.process_index() == 0:
         shutil.rmtree(ckpt.directory, ignore_errors=True)
     return params_dir

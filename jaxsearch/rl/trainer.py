@@ -6,7 +6,7 @@
 Everything a step needs to be reproduced is derived from (config.seed, step) or restored from the last
 checkpoint (params, optimizer state, step, data-iterator position), so a rerun after a crash continues
 exactly where the last checkpoint left off. SIGTERM saves a checkpoint and exits (preemption). A run that
-reaches `total_steps` also writes the final policy to `workdir/params` (`checkpoint.save_params`).
+reaches `total_steps` also writes the final policy to `workdir/params` (`orbax_io.save_params`).
 """
 
 from __future__ import annotations
@@ -15,18 +15,17 @@ import logging
 import os
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
 from jaxsearch import checkpoint, parallel
+from jaxsearch.models import orbax_io
 from jaxsearch.agent.build import build_engine, for_evaluation
 from jaxsearch.config import RunConfig
 from jaxsearch.data import qa
-from jaxsearch.eval.heldout import heldout_metrics, trajectory_stats
-from jaxsearch.models.policy import load_policy
-from jaxsearch.rl import judge as judge_lib
+from jaxsearch.scoring.episodes import heldout_metrics, score_rollout
+from jaxsearch.agent.policy import load_policy
+from jaxsearch.scoring import judge as judge_lib
 from jaxsearch.rl.algorithms import make_algorithm
-from jaxsearch.rl.rewards import reward_inputs
 from jaxsearch.rl.step_log import MetricWriter, StepTimer
 
 log = logging.getLogger("jaxsearch.trainer")
@@ -80,12 +79,10 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     state = algo.init_state(params)
     del params  # donated to the first update
 
-    def decode_params():  # the policy as the sampler reads it (rollout.decode_layout), freed after use
-        return parallel.to_decode_layout(config, state["policy"].params, mesh, cfg.rollout.decode_layout)
-
     def evaluate(step: int) -> dict:
         key = step_key(cfg.seed, EVAL_STREAM, step)
-        return heldout_metrics(eval_engine, decode_params(), held_out, key, judge, cfg.protocol.data_prompt)
+        params = algo.decode_params(state)
+        return heldout_metrics(eval_engine, params, held_out, key, judge, cfg.protocol.data_prompt)
 
     # --- resume: state and data position from the last checkpoint, metrics after it forgotten
     iterator = qa.QAIterator(train_examples, d.batch_size, d.group_size, cfg.seed, d.shuffle)
@@ -109,28 +106,22 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
                disable=not progress or jax.process_index() != 0)  # fmt: skip
     for step in bar:
         timer, done = StepTimer(), step + 1
-        with timer("rollout"):
-            examples = next(iterator)
-            messages = qa.prompt_messages(examples, cfg.protocol.name, cfg.protocol.data_prompt)
+        examples, position = next(iterator), iterator.state()
+        with timer("rollout"):  # agent/engine.py
             key = step_key(cfg.seed, ROLLOUT_STREAM, step)
-            traj = engine.rollout(decode_params(), [e.question for e in examples], key, messages)
-        with timer("reward"):
-            scores, reward_terms = reward_fn.score(reward_inputs(traj, examples))
-            scores = scores.astype(np.float32)
-        batches = algo.prepare(state, traj, scores, timer)  # times old_logprobs, ref_logprobs (, values)
-        with timer("update"):
-            state, metrics = algo.update(state, batches)
-        metrics.update(trajectory_stats(traj, examples))
+            traj = engine.rollout_examples(algo.decode_params(state), examples, key, cfg.protocol.data_prompt)
+        with timer("reward"):  # scoring/episodes.py
+            scores, episode_metrics = score_rollout(reward_fn, traj, examples)
+        state, metrics = algo.step(state, traj, scores, timer)  # rl/algorithms.py: old_logprobs ... update
+        metrics.update(episode_metrics)
         metrics.update({f"time/rollout/{k}_s": v for k, v in traj.timings.items()})  # within time/rollout_s
-        metrics["reward"] = float(scores.mean())
-        metrics.update({f"reward/{k}": float(v.mean()) for k, v in reward_terms.items()})
         if cfg.eval_every and held_out and (done % cfg.eval_every == 0 or done == cfg.total_steps):
-            with timer("evaluate"):
+            with timer("evaluate"):  # scoring/episodes.py
                 metrics.update(evaluate(done))
-        stop = preempted()
-        with timer("checkpoint"):
-            ckpt.save(done, state, {"iterator": iterator.state()}, force=stop or done == cfg.total_steps)
-        metrics.update(timer.metrics())
+        with timer("checkpoint"):  # checkpoint.py
+            stop = preempted()
+            ckpt.save(done, state, {"iterator": position}, force=stop or done == cfg.total_steps)
+        metrics.update(timer.metrics())  # rl/step_log.py
         metrics["tokens_per_s"] = float(traj.attention_mask.sum()) / metrics["time/step_s"]
         if done % cfg.log_every == 0 or done == cfg.total_steps:
             writer.write(done, metrics)
@@ -142,5 +133,5 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     ckpt.wait()
     ckpt.close()
     if not stop:  # the final policy as a params dir: what launch/eval.py and convert_checkpoint.py read
-        checkpoint.save_params(os.path.join(workdir, "params"), config, state["policy"].params)
+        orbax_io.save_params(os.path.join(workdir, "params"), config, state["policy"].params)
     return last

@@ -12,9 +12,10 @@ shown to the agent: it runs its own protocol's prompt around the question and it
 (`AgentEngine.rollout`). The reply is OpenAI's `chat.completion` with the agent's answer as the assistant
 message, `finish_reason` "stop" (it answered) or "length" (no answer: out of turns or cache room; the
 content is then ""), `usage` (prompt tokens; completion tokens = the tokens the policy sampled,
-observations not counted) and an extra `search_agent` field: turns, each search's query (parsed by the
-protocol from the policy segment that asked for it) and retrieved docs `{id, title, text}`, EKA's initial
-docs, the whole response text, and whether the episode ran out of cache room.
+observations not counted) and an extra `search_agent` field: turns, each search's query (as the engine
+parsed it from the policy segment that asked for it: `Trajectories.queries`) and retrieved docs
+`{id, title, text}`, EKA's initial docs, the whole response text, and whether the episode ran out of cache
+room.
 
 `stream: true` answers with server-sent events as OpenAI does: a chunk with `delta {"role": "assistant"}`
 at once, then, once the rollout is done, a chunk with the answer as `delta {"content": ...}`, a last chunk
@@ -188,36 +189,12 @@ def _doc(doc) -> dict:
     return {"id": doc.id, "title": doc.title, "text": doc.text}
 
 
-def search_queries(traj, i: int, engine) -> list[str | None]:
-    """Row i's executed queries, in order: the protocol's `parse_action` on each policy segment (a run of
-    loss-mask-1 tokens, decoded as the engine decoded it); the first `searches[i]` search actions are the
-    executed ones (a search asked in the last turn is not run)."""
-    start, end = int(traj.prompt_lengths[i]), int(traj.attention_mask[i].sum())
-    mask = traj.loss_mask[i, start:end]
-    ids = traj.tokens[i, start:end]
-    queries, t = [], 0
-    while t < len(mask):
-        if not mask[t]:
-            t += 1
-            continue
-        s = t
-        while t < len(mask) and mask[t]:
-            t += 1
-        action = engine.protocol.parse_action(engine.tokenizer.decode(ids[s:t].tolist()))
-        if action.kind == "search":
-            queries.append(action.content)
-    n = int(traj.searches[i])
-    return (queries + [None] * n)[:n]
-
-
-def episode(traj, i: int, engine) -> dict:
+def episode(traj, i: int) -> dict:
     """Row i of a rollout as the server answers it: answer, finish_reason, usage and `search_agent`."""
     answer = traj.answers[i]
     prompt = int(traj.prompt_lengths[i])
     sampled = int(np.asarray(traj.loss_mask[i]).sum())
-    searches = []
-    for query, docs in zip(search_queries(traj, i, engine), traj.docs[i]):
-        searches.append(({} if query is None else {"query": query}) | {"docs": [_doc(d) for d in docs]})
+    searches = [{"query": q, "docs": [_doc(d) for d in docs]} for q, docs in zip(traj.queries[i], traj.docs[i])]
     return {
         "content": "" if answer is None else answer,
         "finish_reason": "length" if answer is None else "stop",
@@ -334,7 +311,7 @@ class Batcher:
             return
         for i, job in enumerate(jobs):
             try:
-                job.future.set_result(episode(traj, i, self.engine))
+                job.future.set_result(episode(traj, i))
             except Exception as e:  # noqa: BLE001
                 job.future.set_exception(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error"))
             self.requests += 1

@@ -221,117 +221,138 @@ def _template_texts() -> Iterator[str]:
     yield from (*ORG_SUFFIXES, *FILM_WORDS, *BOOK_WORDS, *COUNTRY_FORMS, *MONTHS, "The of yes no")
 
 
-def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[dict[str, Entity], list[Fact]]:
-    names = _Names(rng)
-    entities: dict[str, Entity] = {}
-    facts: list[Fact] = []
-    counts: dict[str, int] = {}
-    taken: set[str] = set()  # entity names
+class _EntityBuilder:
+    """Entities and their facts, drawn from one rng in a fixed order: the world is a function of its seed."""
 
-    def add(kind: str, name: str, aliases: tuple[str, ...] = (), distractor: bool = False) -> str:
-        counts[kind] = counts.get(kind, 0) + 1
-        taken.add(name)
-        entity = Entity(f"{kind}_{counts[kind] - 1}", kind, name, aliases, distractor)
-        entities[entity.id] = entity
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.names = _Names(rng)
+        self.entities: dict[str, Entity] = {}
+        self.facts: list[Fact] = []
+        self.counts: dict[str, int] = {}
+        self.taken: set[str] = set()  # entity names
+        self.root_of: dict[str, str] = {}  # entity id -> root word (orgs, films, books)
+        self.titles = {  # kind -> how a name is built from a root word
+            "org": lambda root: f"{root} {rng.choice(ORG_SUFFIXES)}",
+            "film": lambda root: f"{root} {rng.choice(FILM_WORDS)}",
+            "book": lambda root: f"The {rng.choice(BOOK_WORDS)} of {root}",
+        }
+
+    def add(self, kind: str, name: str, aliases: tuple[str, ...] = (), distractor: bool = False) -> str:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.taken.add(name)
+        entity = Entity(f"{kind}_{self.counts[kind] - 1}", kind, name, aliases, distractor)
+        self.entities[entity.id] = entity
         return entity.id
 
-    def fact(subject: str, relation: str, obj: str) -> None:
-        facts.append(Fact(subject, relation, obj))
+    def add_titled(self, kind: str, root: str, distractor: bool = False) -> str:
+        entity_id = self.add(kind, self.titles[kind](root), distractor=distractor)
+        self.root_of[entity_id] = root
+        return entity_id
 
-    def date(year: int) -> str:
-        return f"{rng.randint(1, 28)} {rng.choice(MONTHS)} {year}"
+    def fact(self, subject: str, relation: str, obj: str) -> None:
+        self.facts.append(Fact(subject, relation, obj))
 
-    countries = []
-    for _ in range(config.n_countries):
-        root = names.word(2, 2) + rng.choice(("ia", "land", "ora"))
-        official = f"{rng.choice(COUNTRY_FORMS)} of {root}"
-        countries.append(add("country", root, (official,)))
-        fact(countries[-1], "official_name", official)
-    cities = [add("city", names.word()) for _ in range(config.n_cities)]
-    for i, city in enumerate(cities):
-        country = countries[i] if i < len(countries) else rng.choice(countries)
-        fact(city, "located_in", country)
-        if i < len(countries):
-            fact(country, "capital", city)
+    def date(self, year: int) -> str:
+        return f"{self.rng.randint(1, 28)} {self.rng.choice(MONTHS)} {year}"
 
-    given = [names.word() for _ in range(max(8, config.n_people // 3))]
-    family = [names.word(2, 2) for _ in range(max(8, config.n_people // 3))]
+    def places(self, n_countries: int, n_cities: int) -> list[str]:
+        """Countries (with official names) and cities, each city in a country, the first ones capitals."""
+        countries = []
+        for _ in range(n_countries):
+            root = self.names.word(2, 2) + self.rng.choice(("ia", "land", "ora"))
+            official = f"{self.rng.choice(COUNTRY_FORMS)} of {root}"
+            countries.append(self.add("country", root, (official,)))
+            self.fact(countries[-1], "official_name", official)
+        cities = [self.add("city", self.names.word()) for _ in range(n_cities)]
+        for i, city in enumerate(cities):
+            country = countries[i] if i < len(countries) else self.rng.choice(countries)
+            self.fact(city, "located_in", country)
+            if i < len(countries):
+                self.fact(country, "capital", city)
+        return cities
 
-    def person_name() -> str:
-        while (name := f"{rng.choice(given)} {rng.choice(family)}") in taken:
+    def person_name(self, given: list[str], family: list[str]) -> str:
+        while (name := f"{self.rng.choice(given)} {self.rng.choice(family)}") in self.taken:
             pass
         return name
 
-    titles = {  # kind -> how a name is built from a root word
-        "org": lambda root: f"{root} {rng.choice(ORG_SUFFIXES)}",
-        "film": lambda root: f"{root} {rng.choice(FILM_WORDS)}",
-        "book": lambda root: f"The {rng.choice(BOOK_WORDS)} of {root}",
-    }
-    root_of: dict[str, str] = {}  # entity id -> root word (orgs, films, books)
+    def life_facts(self, people: list[str], cities: list[str], orgs: list[str]) -> dict[str, int]:
+        """Births, employers and marriages; returns each person's birth year."""
+        rng = self.rng
+        birth_year = {p: rng.randint(1820, 1960) for p in people}
+        for p in people:
+            self.fact(p, "born_in", rng.choice(cities))
+            self.fact(p, "birth_date", self.date(birth_year[p]))
+            if rng.random() < 0.85:
+                self.fact(p, "works_for", rng.choice(orgs))
+        shuffled = rng.sample(people, len(people))
+        for a, b in zip(shuffled[0 : int(0.6 * len(people)) : 2], shuffled[1 : int(0.6 * len(people)) : 2]):
+            self.fact(a, "spouse_of", b)
+            self.fact(b, "spouse_of", a)
+        return birth_year
 
-    def add_titled(kind: str, root: str, distractor: bool = False) -> str:
-        entity_id = add(kind, titles[kind](root), distractor=distractor)
-        root_of[entity_id] = root
-        return entity_id
+    def work_facts(self, orgs, films, books, people, cities, birth_year: dict[str, int]) -> None:
+        """Founders and headquarters of orgs; directors and writers of films and books, with their years."""
+        rng = self.rng
+        for org in orgs:
+            founder = rng.choice(people)
+            self.fact(org, "founded_by", founder)
+            self.fact(org, "founded_year", str(birth_year[founder] + rng.randint(25, 60)))
+            self.fact(org, "headquartered_in", rng.choice(cities))
+        for kind, year_relation, items in (
+            ("directed_by", "released_in", films),
+            ("written_by", "published_in", books),
+        ):
+            for item in items:
+                creator = rng.choice(people)
+                self.fact(item, kind, creator)
+                self.fact(item, year_relation, str(birth_year[creator] + rng.randint(22, 60)))
 
-    people = [add("person", person_name()) for _ in range(config.n_people)]
-    orgs = [add_titled("org", names.word()) for _ in range(config.n_orgs)]
-    films = [add_titled("film", names.word()) for _ in range(config.n_films)]
-    books = [add_titled("book", names.word()) for _ in range(config.n_books)]
-
-    birth_year = {p: rng.randint(1820, 1960) for p in people}
-    for p in people:
-        fact(p, "born_in", rng.choice(cities))
-        fact(p, "birth_date", date(birth_year[p]))
-        if rng.random() < 0.85:
-            fact(p, "works_for", rng.choice(orgs))
-    shuffled = rng.sample(people, len(people))
-    for a, b in zip(shuffled[0 : int(0.6 * len(people)) : 2], shuffled[1 : int(0.6 * len(people)) : 2]):
-        fact(a, "spouse_of", b)
-        fact(b, "spouse_of", a)
-    for org in orgs:
-        founder = rng.choice(people)
-        fact(org, "founded_by", founder)
-        fact(org, "founded_year", str(birth_year[founder] + rng.randint(25, 60)))
-        fact(org, "headquartered_in", rng.choice(cities))
-    for kind, year_relation, items in (
-        ("directed_by", "released_in", films),
-        ("written_by", "published_in", books),
-    ):
-        for item in items:
-            creator = rng.choice(people)
-            fact(item, kind, creator)
-            fact(item, year_relation, str(birth_year[creator] + rng.randint(22, 60)))
-
-    # Distractors: look-alike names (a shared given or family name, or root) with facts of their own; no real
-    # entity's fact points at them, so no question is about them.
-    for i in range(config.n_distractors):
+    def distractor(self, i: int, real: dict[str, list[str]], given, family, cities) -> None:
+        """Distractor i: a look-alike name (a shared given or family name, or root) with facts of its own; no
+        real entity's fact points at it, so no question is about it."""
+        rng = self.rng
         kind = ("person", "org", "person", "film", "person", "org", "person", "book")[i % 8]
         while True:
-            like = rng.choice({"person": people, "org": orgs, "film": films, "book": books}[kind])
+            like = rng.choice(real[kind])
             if kind == "person":
-                first, last = entities[like].name.split(" ")
-                name = (
-                    f"{rng.choice(given)} {last}" if rng.random() < 0.5 else f"{first} {rng.choice(family)}"
-                )
+                first, last = self.entities[like].name.split(" ")
+                name = f"{rng.choice(given)} {last}" if rng.random() < 0.5 else f"{first} {rng.choice(family)}"
             else:
-                name = titles[kind](root_of[like])
-            if name not in taken:
+                name = self.titles[kind](self.root_of[like])
+            if name not in self.taken:
                 break
-        entity = add(kind, name, distractor=True)
+        entity = self.add(kind, name, distractor=True)
         year = rng.randint(1820, 1990)
         if kind == "person":
-            fact(entity, "born_in", rng.choice(cities))
-            fact(entity, "birth_date", date(year))
-            fact(entity, "works_for", rng.choice(orgs))
+            self.fact(entity, "born_in", rng.choice(cities))
+            self.fact(entity, "birth_date", self.date(year))
+            self.fact(entity, "works_for", rng.choice(real["org"]))
         elif kind == "org":
-            fact(entity, "founded_by", rng.choice(people))
-            fact(entity, "founded_year", str(year))
-            fact(entity, "headquartered_in", rng.choice(cities))
+            self.fact(entity, "founded_by", rng.choice(real["person"]))
+            self.fact(entity, "founded_year", str(year))
+            self.fact(entity, "headquartered_in", rng.choice(cities))
         else:
-            fact(entity, "directed_by" if kind == "film" else "written_by", rng.choice(people))
-            fact(entity, "released_in" if kind == "film" else "published_in", str(year))
-    return entities, facts
+            self.fact(entity, "directed_by" if kind == "film" else "written_by", rng.choice(real["person"]))
+            self.fact(entity, "released_in" if kind == "film" else "published_in", str(year))
+
+
+def _make_entities_and_facts(config: WorldConfig, rng: random.Random) -> tuple[dict[str, Entity], list[Fact]]:
+    world = _EntityBuilder(rng)
+    cities = world.places(config.n_countries, config.n_cities)
+    given = [world.names.word() for _ in range(max(8, config.n_people // 3))]
+    family = [world.names.word(2, 2) for _ in range(max(8, config.n_people // 3))]
+    people = [world.add("person", world.person_name(given, family)) for _ in range(config.n_people)]
+    orgs = [world.add_titled("org", world.names.word()) for _ in range(config.n_orgs)]
+    films = [world.add_titled("film", world.names.word()) for _ in range(config.n_films)]
+    books = [world.add_titled("book", world.names.word()) for _ in range(config.n_books)]
+    birth_year = world.life_facts(people, cities, orgs)
+    world.work_facts(orgs, films, books, people, cities, birth_year)
+    real = {"person": people, "org": orgs, "film": films, "book": books}
+    for i in range(config.n_distractors):
+        world.distractor(i, real, given, family, cities)
+    return world.entities, world.facts
 
 
 def _make_passages(entities: dict[str, Entity], facts: list[Fact], rng: random.Random) -> list[Passage]:

@@ -1,0 +1,207 @@
+"""Evaluate a search agent checkpoint on QA datasets (FlashRAG JSONL or parquet, or tfds:NAME?split=S).
+
+    python launch/eval.py --checkpoint ckpt/ --protocol search_r1 --retriever bm25 --corpus wiki-18.jsonl \\
+        --index indexes/wiki18_bm25 --datasets nq=data/nq/test.jsonl hotpotqa=data/hotpotqa/dev.jsonl \\
+        --out runs/eval_search_r1
+    python launch/eval.py --checkpoint Qwen2.5-7B-Instruct/ --protocol eka --eka-tags graph_r1 ...   # EKA
+                                                                                    # training-free
+
+--checkpoint is an HF safetensors dir or a jaxsearch params dir (config.json + params/, e.g. from SFT or
+convert_checkpoint.py). Writes to --out: NAME.jsonl (one record per example with the full trajectory),
+summary.json and results.md (EM, F1, sub-EM, retrieval recall@k, R-S, turns, searches, fabrication rate,
+entropy per segment type; per dataset, per Search-R1 `data_source` within a dataset, and on average).
+Rerunning the same command skips finished examples;
+--out refuses results of different settings (run.json).
+
+Recall@k counts an example when a golden answer occurs in any passage the episode retrieved (each search's
+top-k, and EKA's P0 unless --exclude-p0). R-S needs gold passages: the dataset's metadata.supporting_ids,
+looked up in the retriever's corpus (or --corpus with a remote retriever); a dataset without them reports
+R-S as null (as do all with --rs-encoder none). R-S is EKA's: SQuAD-normalized texts under SimCSE
+(sup-simcse-roberta-large, the default; --rs-encoder minilm needs no download), 0 when nothing was retrieved.
+The fabrication rate needs a judge (--judge-url); it is also given among answer-correct and answer-wrong
+examples (SOAR's Table 4). --limit N --sample random --sample-seed S draws N questions at random (R-Search:
+500, seed 44).
+
+Search-R1 parquet: examples are identified by (data_source, id), so a merged test set (nq, triviaqa, ... with
+ids repeated across sources) is one dataset, broken down by data source in results.md and summary.json. Under
+the search_r1 protocol a row's own `prompt` is what the policy sees (a warning says when it differs from the
+built-in template); --builtin-prompt uses the built-in one instead.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+
+# FAISS's OpenMP threads spin between calls and starve its BLAS threads (see build_index.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from jaxsearch.agent.cli import (  # noqa: E402
+    add_agent_arguments,
+    agent_config,
+    checkpoint_kind,
+    finish_agent_args,
+    model_config,
+)
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    agent, retrieval = add_agent_arguments(p)
+    p.add_argument("--datasets", nargs="+", required=True, metavar="NAME=PATH", help="QA files to evaluate")
+    p.add_argument("--limit", type=int, default=0, help="N examples of each dataset (0: all; see --sample)")
+    p.add_argument(
+        "--sample",
+        default="first",
+        choices=["first", "random"],
+        help="with --limit: the first N, or N drawn at random with --sample-seed (R-Search: random 500, seed 44)",
+    )
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample random")
+    p.add_argument("--out", required=True, help="output directory (reused on rerun)")
+    p.add_argument("--batch-size", type=int, default=64, help="episodes per sampler call")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    agent.add_argument(
+        "--builtin-prompt", action="store_true", help="search_r1: ignore the dataset's own prompt, use ours"
+    )
+    retrieval.add_argument(
+        "--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages"
+    )
+    g = p.add_argument_group("metrics")
+    g.add_argument(
+        "--rs-encoder",
+        default="simcse",
+        help="R-S sentence encoder: simcse (sup-simcse-roberta-large, as EKA / Graph-R1) | minilm (offline) | "
+        "e5 | model | none",
+    )
+    g.add_argument("--judge-url", default="", help="OpenAI-compatible server of the fabrication judge")
+    g.add_argument("--judge-model", default="", help="the judge's model name")
+    args = p.parse_args(argv)
+    args = finish_agent_args(args)
+    args.datasets = dict(_dataset(p, spec) for spec in args.datasets)
+    if bool(args.judge_url) != bool(args.judge_model):
+        p.error("--judge-url and --judge-model go together")
+    return args
+
+
+def _dataset(parser, spec: str) -> tuple[str, str]:
+    name, sep, path = spec.partition("=")
+    if not sep or not path or not DATASET_NAME.match(name) or name == "average":
+        parser.error(
+            f"--datasets {spec!r}: expected NAME=PATH with NAME of letters, digits, _ . - (not average)"
+        )
+    if path.startswith("tfds:"):  # a tensorflow-datasets builder spec (jaxsearch/data/tfds_source.py)
+        return name, path
+    return name, os.path.abspath(path)
+
+
+def settings(args) -> dict:
+    """What the results depend on (run.json): a rerun into the same --out must match."""
+    keys = (
+        "tokenizer dtype protocol eka_tags topk initial_k temperature top_p max_turns max_segment_tokens "
+        "max_obs_tokens cache_len retriever corpus index url encoder initial_corpus initial_index exclude_p0 "
+        "rs_encoder judge_url judge_model seed"
+    ).split()
+    out = {k: getattr(args, k) for k in keys + ["checkpoint"]}
+    if args.protocol != "eka":
+        out["eka_tags"] = out["initial_k"] = None
+    if args.builtin_prompt:  # recorded only when set: run.json files written before the option still match
+        out["builtin_prompt"] = True
+    if args.sample == "random":  # likewise
+        out["sample"], out["sample_seed"] = args.sample, args.sample_seed
+    return out
+
+
+def judge_config(args):
+    """--judge-url / --judge-model as the judge's chat model (greedy, 512 new tokens), or None."""
+    from jaxsearch.config import ChatModelConfig
+
+    if not args.judge_url:
+        return None
+    return ChatModelConfig("openai", args.judge_url, args.judge_model, "", "qwen", 4096, 512, 0.0, 1.0)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    progress = not args.no_progress
+    try:  # every input error below is a ValueError (QADataError, EvalError, CorpusError) or a missing file
+        checkpoint_kind(args.checkpoint)
+        datasets = load_datasets(
+            args.datasets, args.limit, args.sample, args.sample_seed
+        )  # before the heavy imports: bad input fails fast
+        from jaxsearch.eval import evaluate as ev
+
+        ev.claim_out_dir(args.out, settings(args), args.datasets)
+        todo = sum(map(len, ev.pending(args.out, datasets).values()))
+        summary = run(args, datasets, progress) if todo else ev.write_summary(args.out, datasets)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(ev.markdown_table(summary), end="")
+    print(f"evaluated {todo} new examples; results in {args.out} (results.md, summary.json, <dataset>.jsonl)")
+    return 0
+
+
+def load_datasets(paths: dict[str, str], limit: int, sample: str = "first", seed: int = 0) -> dict:
+    """name -> `limit` (0: all) examples of its QA file (`qa.eval_subset`); (data_source, id) must be unique
+    (records are keyed by it)."""
+    import collections
+
+    from jaxsearch.data import qa
+
+    datasets = {}
+    for name, path in paths.items():
+        datasets[name] = qa.eval_subset(qa.load_examples(path), limit, sample, seed)
+        counts = collections.Counter(ex.key for ex in datasets[name])
+        repeated = [key for key, n in counts.items() if n > 1]
+        if repeated:
+            source, example_id = repeated[0]
+            where = f"id {example_id!r}" + ("" if source is None else f" in data_source {source!r}")
+            raise qa.QADataError(f"{path}: duplicate example {where} ({len(repeated)} repeated in all)")
+    return datasets
+
+
+def run(args, datasets, progress: bool) -> dict:
+    """Load the policy, retriever(s), encoder and judge, then evaluate the missing examples."""
+    from jaxsearch import parallel
+    from jaxsearch.agent.build import build_engine
+    from jaxsearch.eval import evaluate as ev
+    from jaxsearch.agent.policy import load_policy
+    from jaxsearch.retrieval.corpus import Corpus
+    from jaxsearch.scoring.judge import chat_judge
+
+    mesh = parallel.make_mesh({"fsdp": -1})
+    config, params = load_policy(model_config(args), args.seed, mesh)
+    engine = build_engine(agent_config(args), config, mesh, evaluation=True)
+    gold_corpus, encoder = None, None
+    examples = [ex for exs in datasets.values() for ex in exs]
+    if args.rs_encoder != "none" and any(ex.supporting_ids for ex in examples):
+        gold_corpus = getattr(engine.retriever, "corpus", None)
+        if gold_corpus is None and args.corpus:
+            gold_corpus = Corpus(args.corpus, progress=progress)
+    # R-S needs gold text: supporting passages of a corpus, or Graph-R1 rows' own `context`
+    if args.rs_encoder != "none" and (gold_corpus is not None or any("context" in ex.metadata for ex in examples)):
+        from jaxsearch.retrieval.encoders import Encoder
+
+        encoder = Encoder(args.rs_encoder)
+    return ev.evaluate(
+        engine,
+        params,
+        datasets,
+        args.out,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        gold_corpus=gold_corpus,
+        rs_encoder=encoder,
+        include_initial=not args.exclude_p0,
+        progress=progress,
+        use_data_prompt=not args.builtin_prompt,
+        judge=chat_judge(judge_config(args)),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

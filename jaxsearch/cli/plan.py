@@ -1,0 +1,88 @@
+"""Memory plan of a config on a mesh, without weights: python launch/plan.py --config configs/eka_7b.py
+--mesh fsdp=8 [--backend cpu|tpu] [--target h100-80gb|v5p-95gb|h200-141gb|GB] [--headroom 0.1] [--json]
+[--config.key=value ...]
+
+Builds the abstract policy / reference / AdamW state (and the critic for PPO), AOT-compiles the train step
+and the decode step over a mesh of the --mesh size, and prints XLA's per-device memory analysis.
+
+--backend cpu (default): fake CPU devices. XLA's CPU compiler computes bf16 in fp32 and its scheduler undoes
+rematerialisation, so this is an upper bound. --backend tpu: abstract TPU v5p chips compiled by libtpu (no
+TPU needed; `pip install -e ".[tpu]"`): the plan a pod would run, and the closer proxy for GPUs too.
+"""
+
+import os
+import sys
+
+
+def _mesh_arg(argv) -> str:
+    for i, a in enumerate(argv):
+        if a.startswith("--mesh="):
+            return a.split("=", 1)[1]
+        if a == "--mesh" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "fsdp=8"
+
+
+# the fake device count must be set before jax is imported
+_MESH = _mesh_arg(sys.argv)
+_N = 1
+for _part in filter(None, _MESH.split(",")):
+    _N *= int(_part.partition("=")[2] or 1)
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_N}"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+config_flags.DEFINE_config_file("config", None, "a configs/*.py file with get_config()", lock_config=True)
+flags.DEFINE_string("mesh", "fsdp=8", "mesh axis sizes, e.g. fsdp=8 or data=2,fsdp=4,tensor=2")
+flags.DEFINE_string("target", "h100-80gb", "h100-80gb | v5p-95gb | h200-141gb | a number of GB per device")
+flags.DEFINE_float("headroom", 0.1, "fraction of the target's memory kept free")
+flags.DEFINE_bool("json", False, "print the plan as JSON")
+flags.DEFINE_enum("backend", "cpu", ["cpu", "tpu"], "compile for fake CPU devices or abstract TPU v5p chips")
+flags.DEFINE_enum("estimate", "", ["", "v5p", "h100"], "also print a step-time estimate on this hardware")
+flags.DEFINE_bool("estimate_only", False, "print only the step-time estimate (no compilation)")
+
+
+def _run(argv):
+    del argv
+    import json
+
+    from jaxsearch import plan
+
+    cfg = flags.FLAGS.config
+    if cfg is None:
+        raise app.UsageError("--config is required, e.g. --config configs/eka_7b.py")
+    shape = plan.parse_mesh(flags.FLAGS.mesh)
+    estimate = None
+    if flags.FLAGS.estimate:
+        tensor = shape.get("tensor", 1)
+        estimate = plan.step_time_estimate(cfg, plan.mesh_size(shape), flags.FLAGS.estimate, tensor=tensor)
+    if flags.FLAGS.estimate_only:
+        if estimate is None:
+            raise app.UsageError("--estimate_only needs --estimate v5p or h100")
+        print(json.dumps(estimate, indent=1) if flags.FLAGS.json else plan.format_estimate(estimate))
+        return
+    result = plan.plan(cfg, shape, flags.FLAGS.target, flags.FLAGS.headroom, flags.FLAGS.backend)
+    if estimate is not None:
+        result["estimate"] = estimate
+    print(json.dumps(result, indent=1) if flags.FLAGS.json else plan.format_report(result))
+    if estimate is not None and not flags.FLAGS.json:
+        print(plan.format_estimate(estimate))
+
+
+def main(argv=None):
+    """The console script: absl parses `argv` (default sys.argv), then runs; --help prints this module's
+    docstring and flags (absl's own help knows only the flags of the script file, here a wrapper)."""
+    argv = sys.argv if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv[1:]):
+        print(__doc__.strip() + "\n\nflags:\n" + flags.FLAGS.module_help(__name__))
+        return 0
+    app.run(_run, argv=argv)
+
+
+if __name__ == "__main__":
+    main()
