@@ -7,11 +7,12 @@ jax.distributed read them from the environment (TPU pods, SLURM).
 """
 
 import os
-import sys
 
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from jaxsearch.cli import run_absl  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "a configs/*.py file with get_config()", lock_config=True)
 flags.DEFINE_string("workdir", None, "output directory (default: runs/<config name>)")
@@ -44,13 +45,7 @@ def _run(argv):
 
 
 def main(argv=None):
-    """The console script: absl parses `argv` (default sys.argv), then runs; --help prints this module's
-    docstring and flags (absl's own help knows only the flags of the script file, here a wrapper)."""
-    argv = sys.argv if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv[1:]):
-        print(__doc__.strip() + "\n\nflags:\n" + flags.FLAGS.module_help(__name__))
-        return 0
-    app.run(_run, argv=argv)
+    return run_absl(_run, __name__, argv)
 
 
 if __name__ == "__main__":
