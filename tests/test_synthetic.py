@@ -4,10 +4,8 @@ tokenizer; launch/make_world.py."""
 
 import collections
 import dataclasses
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 from rank_bm25 import BM25Okapi
@@ -266,11 +264,7 @@ def test_word_tokenizer_save_load_batch_and_chat(tmp_path, tokenizer):
 
 
 def test_make_world_cli(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "make_world", Path(__file__).parents[1] / "launch" / "make_world.py"
-    )
-    make_world = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_world)
+    from jaxsearch.cli import make_world  # launch/make_world.py's command
     assert make_world.main(["--out", str(tmp_path), "--seed", "5", "--size", "tiny"]) == 0
     assert "passages" in capsys.readouterr().out
     assert {p.name for p in tmp_path.iterdir()} == {

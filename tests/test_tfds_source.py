@@ -1,8 +1,6 @@
 """tfds: QA sources: tiny trivia_qa / natural_questions / generic builders prepared as array_record in a temp
 data_dir (no TensorFlow, no download), read back through `load_examples("tfds:...")`; spec and layout errors."""
 
-import importlib.util
-import pathlib
 import sys
 
 import numpy as np
@@ -12,7 +10,6 @@ from tensorflow_datasets.core.features import feature as feature_lib
 
 from jaxsearch.data.qa import QADataError, QAExample, QAIterator, load_examples
 
-EVAL = pathlib.Path(__file__).resolve().parents[1] / "launch" / "eval.py"
 
 # Not registered: the specs below find them from their prepared files, as they would the real datasets.
 with tfds.core.registered.skip_registration():
@@ -249,8 +246,6 @@ def test_missing_tfds_says_how_to_install(monkeypatch):
 
 
 def test_launch_eval_keeps_tfds_specs():
-    spec = importlib.util.spec_from_file_location("launch_eval_tfds", EVAL)
-    launch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch)
+    from jaxsearch.cli import eval as launch  # launch/eval.py's command
     tfds_spec = "tfds:trivia_qa/rc.nocontext:1.1.0?split=validation&data_dir=/data/tfds"
     assert launch._dataset(None, f"tqa={tfds_spec}") == ("tqa", tfds_spec)

@@ -15,7 +15,8 @@ from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.data import qa
 from jaxsearch.agent.sft_traces import early_stop_trace, sft_dataset
 from jaxsearch.data.world.generator import generate_world, world_config
-from jaxsearch.scoring.world_chat import WorldChatModel, read_answer, read_facts, solution_trace
+from jaxsearch.data.world.oracle import read_answer, read_facts, solution_trace
+from jaxsearch.scoring.world_chat import WorldChatModel
 from jaxsearch.rl import pipeline
 from jaxsearch.scoring import rewards
 from hang import HANG_S
