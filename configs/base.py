@@ -42,6 +42,8 @@ def get_config() -> ml_collections.ConfigDict:
         num_key_value_heads=0,
         num_hidden_layers=0,
         tie_word_embeddings=False,
+        family="qwen2",  # explicit sizes: qwen2 | qwen3 (a preset or checkpoint names its own)
+        head_dim=0,  # explicit sizes: 0 = hidden_size // num_attention_heads
     )
     c.tokenizer = dict(kind="qwen", path="")  # kind: qwen | word (path: a WordTokenizer json)
 
@@ -58,18 +60,27 @@ def get_config() -> ml_collections.ConfigDict:
         url="http://127.0.0.1:8000/retrieve",
         encoder="e5",
         split_across_hosts=False,
+        # remote: seconds a search call may take in all / one attempt of it (retrieval/client.py); past the
+        # deadline training stops with an error, the checkpoints already written kept
+        deadline_s=30.0,
+        attempt_timeout_s=15.0,
     )
     c.initial_retriever = dict(kind="", corpus="", index="", url="", encoder="")  # kind "": same as above
 
     c.data = dict(
         train="data/nq_hotpotqa_train/train.parquet",
         eval=ml_collections.ConfigDict({"nq": "data/nq/test.jsonl"}),  # name -> FlashRAG JSONL / parquet
-        eval_examples=512,  # per dataset and evaluation
+        # per dataset and evaluation; 0: the whole test set, as Search-R1 (train_grpo.sh data.val_data_num=null)
+        # and SOAR (Table 8: the full test sets, e.g. PopQA 14,267) evaluate. A smaller number subsamples
+        # (eval_sample) for quicker in-training evaluation
+        eval_examples=0,
         eval_sample="first",  # which eval_examples: "first" in file order, or "random" (drawn with eval_seed)
         eval_seed=0,
         batch_size=512,  # questions per step (train_grpo.sh: data.train_batch_size=512)
         group_size=5,  # GRPO samples per question (train_grpo.sh: actor_rollout_ref.rollout.n_agent=5)
         shuffle=True,
+        # eval dataset name -> /retrieve URL of its own corpus ("*": the others); empty: `retriever` for all
+        eval_retrievers=ml_collections.ConfigDict(),
     )
     c.rollout = dict(
         max_turns=4,  # train_grpo.sh: max_turns=4
@@ -92,6 +103,9 @@ def get_config() -> ml_collections.ConfigDict:
         eval_temperature=1.0,
         eval_top_p=0.95,
         eval_retrieval_k=3,  # train_grpo.sh: retriever.topk=3 in validation too
+        # the evaluation's turn cap and tokens per decode call (R-Search's evaluation loop); 0: as in training
+        eval_max_turns=0,
+        eval_max_segment_tokens=0,
         micro_batch=0,  # rows per sampler call, or decode slots (0: the whole batch)
         # lockstep: each turn decodes a segment for every row, then acts for every row (a turn waits for its
         # slowest row); slots: rows decode in `micro_batch` slots, steps_per_call tokens per device call, and
@@ -129,6 +143,20 @@ def get_config() -> ml_collections.ConfigDict:
         pad_multiple=0,  # > 0: update batches padded to a multiple of this, not to cache_len (a compile each)
         gamma=1.0,
         lam=1.0,
+        # PPO: the tokens GAE runs over, whitens over and trains the critic on. "response": every response token,
+        # retrieved ones included (Search-R1's and EKA's veRL: core_algos.py compute_gae_advantage_return over
+        # ray_trainer.py compute_advantage's response_mask = attention_mask; dp_critic.py eos_mask likewise);
+        # "policy": only the policy's tokens, the recursion passing over the rest (later veRL's multi-turn rule)
+        gae_tokens="response",
+        # DAPO / Dr.GRPO / GSPO (jaxsearch/config.py AlgoConfig; configs/tiny_cpu_{dapo,drgrpo,gspo}.py);
+        # 0 = unset: clip bounds clip_eps, norm and L_max the most policy tokens per row, no overlong shaping
+        clip_eps_low=0.0,
+        clip_eps_high=0.0,
+        loss_norm_tokens=0,
+        dynamic_sampling=False,
+        max_draws=10,
+        overlong_buffer=0,
+        overlong_max_tokens=0,
     )
     # train_grpo.sh: actor.optim.lr=1e-6, lr_warmup_steps_ratio=0.285 (warmup int(0.285 * 1005) = 286 training
     # steps: veRL's scheduler steps once per training step); ppo_trainer.yaml: warmup_style constant,

@@ -7,6 +7,8 @@ frozen Llama-3.2-3B-Instruct answers from the evidence alone) + format (0.2 + 0.
         --config.evidence_model.base_url=http://127.0.0.1:8004 --config.evidence_model.model=Llama-3.2-3B-Instruct
 """
 
+import ml_collections
+
 from configs import search_r1_7b
 
 
@@ -34,7 +36,22 @@ def get_config():
             eval_temperature=0.1,
             eval_top_p=0.9,
             eval_retrieval_k=5,
+            # src/eval/main.py R_Search: no turn cap (its `if cnt>4: break` is commented out), so none short
+            # of the cache (a turn decodes at least one token), and --max_tokens 1024 new tokens per vLLM call
+            eval_max_turns=8192,
+            eval_max_segment_tokens=1024,
         )
+    )
+    # src/eval/main.py + config.yaml `search` + scripts/retrieval_launch.sh: 2WikiMQA, HotpotQA and MuSiQue
+    # are searched in their own corpora, every other dataset in wiki-18 ("*"); training searches the 2WikiMQA
+    # corpus (`retriever`, train_grpo_7b.sh retriever.url port 8000). Name the eval datasets as below.
+    c.data.eval_retrievers = ml_collections.ConfigDict(
+        {
+            "2wikimultihopqa": "http://127.0.0.1:8000/retrieve",
+            "hotpotqa": "http://127.0.0.1:8003/retrieve",
+            "musique": "http://127.0.0.1:8002/retrieve",
+            "*": "http://127.0.0.1:8001/retrieve",  # wiki-18
+        }
     )
     # §A.1: 500 test questions per dataset (single-hop ones sampled at random), all 125 of Bamboogle; the seed is
     # src/eval/main.py's seed_everything(44) (the authors ship their samples; ours are drawn with it)

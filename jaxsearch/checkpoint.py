@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 from typing import Callable
@@ -105,11 +106,11 @@ class TrainCheckpointer:
             try:
                 state, meta = self._restore(step, abstract_state)
             except Exception as e:  # noqa: BLE001 - any failure to read means: fall back to the previous step
-                reason = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                reason = _plain_reason(e)
                 log.warning(
-                    "checkpoint step %d in %s is unreadable (%s); trying the previous one",
+                    "checkpoint step %d (%s) is unreadable: %s; trying the previous one",
                     step,
-                    self.directory,
+                    os.path.join(self.directory, str(step)),
                     reason,
                 )
                 failures.append((step, reason))
@@ -148,6 +149,26 @@ class TrainCheckpointer:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"jaxsearch_checkpoint_move_aside_{step}")
         self._manager.reload()
+
+
+def _plain_reason(e: BaseException) -> str:
+    """Why a restore failed, in one short line: the root cause, without the TensorStore spec that orbax's own
+    message carries (a repr of hundreds of lines)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = (str(e).strip().splitlines() or [""])[0]
+    # TensorStore: 'OUT_OF_RANGE: Error reading "w/0.0" in OCDBT database at local file "DIR/state/": DETAIL'
+    array = re.match(r'[A-Z_]+: Error reading "([^"]*)" in \w+ database at [^:]*: (.*)', text)
+    if array:
+        return f"array data {array.group(1)!r} is truncated or damaged ({array.group(2)})"
+    missing = re.search(r'Item "(\w+)" was not found', text)
+    if missing:
+        return f"its {missing.group(1)}/ is missing"
+    if isinstance(e, json.JSONDecodeError):
+        return f"its {META_ITEM}/ is not valid JSON ({text})"
+    if "TensorStore" in text:
+        text = text.split("TensorStore")[0].rstrip(" :.(<")
+    return f"{type(e).__name__}: {text}"[:300]
 
 
 def _abstract(tree, shardings):

@@ -13,15 +13,18 @@ set" as "" or 0; here every such value becomes an explicit None, in one place (`
     judge.kind / evidence_model.kind ""  -> judge / evidence_model None
     world.size ""  -> world None           sft.steps 0 -> sft None (no warm start)
     sft.mistake ""  -> None                sft.questions 0 -> None (SFT and RL share the questions)
+    algo.clip_eps_low / clip_eps_high 0.0, loss_norm_tokens / overlong_buffer / overlong_max_tokens 0  -> None
     distributed.coordinator "", num_processes 0, process_id -1  -> None (from the environment)
 
 A key the dataclasses do not know, a value of the wrong type or out of range is a `ConfigError` naming the key
-(`config.rollout.max_turns=-1: expected >= 0`).
+(`config.rollout.max_turns=-1: expected >= 0`); `unknown_key` names a --config.key override that the config file
+lacks, with the nearest valid key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 
 
@@ -48,6 +51,16 @@ class ModelConfig:
     num_key_value_heads: int | None
     num_hidden_layers: int | None
     tie_word_embeddings: bool
+    # the decoder of explicit sizes: qwen2 (q/k/v biases) | qwen3 (q/k RMSNorm, no biases); a preset or a
+    # checkpoint's config.json names its own
+    family: str = "qwen2"
+    head_dim: int = 0  # explicit sizes: per-head dims (0: hidden_size // num_attention_heads)
+
+    def __post_init__(self):
+        if self.family not in ("qwen2", "qwen3"):
+            raise ConfigError(f"config.model.family={self.family!r}: expected one of qwen2, qwen3")
+        if self.head_dim < 0:
+            raise ConfigError(f"config.model.head_dim={self.head_dim}: expected >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +84,10 @@ class RetrieverConfig:
     url: str | None
     encoder: str | None
     split_across_hosts: bool = False
+    # remote: a search call gives up after deadline_s seconds in all, an attempt after attempt_timeout_s
+    # (retrieval/client.py RemoteRetriever); then training stops, its checkpoints kept
+    deadline_s: float = 30.0
+    attempt_timeout_s: float = 15.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +100,10 @@ class DataConfig:
     batch_size: int  # questions per step
     group_size: int  # samples per question
     shuffle: bool
+    # eval dataset name -> the /retrieve URL of a remote retriever over that dataset's own corpus (R-Search's
+    # src/eval/config.yaml: 2WikiMQA, HotpotQA and MuSiQue each their own, wiki-18 the others); "*": every
+    # dataset not named; without either, `retriever` (`eval.evaluate.dataset_urls`)
+    eval_retrievers: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +137,10 @@ class RolloutConfig(EpisodeConfig):
     eval_temperature: float
     eval_top_p: float
     eval_retrieval_k: int
+    # the evaluation's turn cap and tokens per decode call where the authors' evaluation loop differs from their
+    # training rollout (R-Search's src/eval/main.py); 0: max_turns / max_segment_tokens
+    eval_max_turns: int = 0
+    eval_max_segment_tokens: int = 0
     decode_layout: str = "train"  # the params the sampler reads: train | replicated | tensor (parallel.py)
 
     @property
@@ -144,8 +169,10 @@ class ChatModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AlgoConfig:
+    """The RL objective. GRPO, PPO, DAPO, Dr.GRPO and GSPO are settings of these keys (configs/tiny_cpu_*.py)."""
+
     advantage: str  # grpo | dr_grpo | gae (PPO with a critic)
-    policy_loss: str
+    policy_loss: str  # ppo (token ratio) | gspo (sequence ratio)
     clip_eps: float
     agg_mode: str
     kl_coef: float
@@ -158,6 +185,31 @@ class AlgoConfig:
     pad_multiple: int  # 0: update batches are cache_len wide
     gamma: float
     lam: float
+    # PPO: GAE, its whitening and the critic's loss over every "response" token (Search-R1's veRL) or the
+    # "policy" tokens only (later veRL's multi-turn rule)
+    gae_tokens: str = "response"
+    # decoupled clip bounds 1 - low, 1 + high (None: clip_eps); DAPO's clip-higher, GSPO's 3e-4 / 4e-4
+    clip_eps_low: float | None = None
+    clip_eps_high: float | None = None
+    # agg_mode seq-mean-token-sum-norm (Dr.GRPO) divides each row's sum by this constant (None: the most
+    # tokens the policy can write in a row, `rl.algorithms.max_policy_tokens`)
+    loss_norm_tokens: int | None = None
+    # DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more questions rolled out,
+    # up to max_draws rollouts per step (rl/dynamic_sampling.py)
+    dynamic_sampling: bool = False
+    max_draws: int = 10
+    # DAPO's soft overlong punishment (Eq. 13): L_cache (None: off) and L_max (None: max_policy_tokens)
+    overlong_buffer: int | None = None
+    overlong_max_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.gae_tokens not in ("response", "policy"):
+            raise ConfigError(f"config.algo.gae_tokens={self.gae_tokens!r}: expected 'response' or 'policy'")
+        buffer, longest = self.overlong_buffer, self.overlong_max_tokens
+        if buffer is not None and longest is not None and buffer >= longest:
+            raise ConfigError(
+                f"config.algo.overlong_buffer={buffer}: expected < algo.overlong_max_tokens={longest}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +346,8 @@ _OPTIONAL = {
         for s in ("retriever", "initial_retriever")
         for k in ("corpus", "index", "url", "encoder")
     },
+    **{f"algo.{k}": (0.0,) for k in ("clip_eps_low", "clip_eps_high")},
+    **{f"algo.{k}": (0,) for k in ("loss_norm_tokens", "overlong_buffer", "overlong_max_tokens")},
     "sft.mistake": ("",),
     "sft.questions": (0,),
     "distributed.coordinator": ("",),
@@ -312,16 +366,24 @@ _CHECKS = {
     "rollout.scheduler": ("lockstep", "slots"),
     "rollout.decode_layout": ("train", "replicated", "tensor"),
     "optim.schedule": ("constant", "cosine"),
-    "algo.agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "algo.agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "world.size": ("tiny", "small"),
     "total_steps": (lambda v: v >= 0, ">= 0"),
     "total_epochs": (lambda v: v >= 0, ">= 0"),
     "rollout.max_turns": (lambda v: v >= 0, ">= 0"),
+    "rollout.eval_max_turns": (lambda v: v >= 0, ">= 0 (0: max_turns)"),
+    "rollout.eval_max_segment_tokens": (lambda v: v >= 0, ">= 0 (0: max_segment_tokens)"),
     "data.batch_size": (lambda v: v >= 1, ">= 1"),
     "data.group_size": (lambda v: v >= 1, ">= 1"),
     "algo.mini_batches": (lambda v: v >= 1, ">= 1"),
     "algo.micro_batches": (lambda v: v >= 1, ">= 1"),
     "algo.ppo_epochs": (lambda v: v >= 1, ">= 1"),
+    "algo.clip_eps_low": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "algo.clip_eps_high": (lambda v: v > 0, "> 0"),
+    "algo.loss_norm_tokens": (lambda v: v >= 1, ">= 1"),
+    "algo.max_draws": (lambda v: v >= 1, ">= 1"),
+    "algo.overlong_buffer": (lambda v: v >= 1, ">= 1"),
+    "algo.overlong_max_tokens": (lambda v: v >= 1, ">= 1"),
     "rollout.cache_len": (lambda v: v >= 1, ">= 1"),
     "sft.save_every": (lambda v: v >= 1, ">= 1"),
     "rollout.steps_per_call": (lambda v: v >= 1, ">= 1"),
@@ -337,13 +399,15 @@ def _build(cls, tree: dict, where: str):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(tree) - names)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
+        near = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f"did you mean {where}.{near[0]}? " if near else ""
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key ({hint}known: {', '.join(sorted(names))})")
     values = {}
     for field in dataclasses.fields(cls):
         key = f"{where}.{field.name}"
         short = key.split(".", 1)[1]
         if field.name not in tree:
-            if field.default is dataclasses.MISSING:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise ConfigError(f"{key}: missing")
             continue
         value, hint = tree[field.name], hints[field.name]
@@ -398,3 +462,46 @@ def _check(key: str, short: str, value):
     elif not rule[0](value):
         raise ConfigError(f"{key}={value!r}: expected {rule[1]}")
     return value
+
+
+def unknown_key(tree, key: str, prefix: str = "") -> str | None:
+    """Why the dotted `key` (of a --config.key override) is not in `tree` (a config file's ConfigDict, or nested
+    dicts), naming the nearest valid key (difflib) written as `prefix` + key; None when it is there."""
+    node, path = tree, []
+    names = key.split(".")
+    for i, name in enumerate(names):
+        if not hasattr(node, "keys"):
+            return f"{'.'.join(path)} is a value, not a section"
+        if name not in node:
+            kind = "key" if i == len(names) - 1 else "section"
+            where = f"under {'.'.join(path)}" if path else "at the top"
+            return f"no {kind} {name!r} {where}; {_nearest(tree, path, names[i:], prefix)}"
+        node, path = node[name], path + [name]
+    return None
+
+
+def _nearest(tree, path: list[str], rest: list[str], prefix: str) -> str:
+    """A 'did you mean' for the unknown `rest` of a key under `path`: a close name there, else a key anywhere whose
+    last components are close to `rest`, else the names there."""
+    node = tree
+    for name in path:
+        node = node[name]
+    here = sorted(node.keys())
+    near = difflib.get_close_matches(rest[0], here, n=1)
+    if near:
+        return f"did you mean {prefix}{'.'.join(path + near + rest[1:])}?"
+    tails = {".".join(k.split(".")[-len(rest):]): k for k in _dotted(tree) if k.count(".") + 1 >= len(rest)}
+    near = difflib.get_close_matches(".".join(rest), tails, n=1)
+    if near:
+        return f"did you mean {prefix}{tails[near[0]]}?"
+    return f"valid names there: {', '.join(here)}"
+
+
+def _dotted(tree, prefix: str = "") -> list[str]:
+    """Every key of nested mappings, dotted: sections and values."""
+    out = []
+    for name in tree.keys():
+        out.append(prefix + name)
+        if hasattr(tree[name], "keys"):
+            out += _dotted(tree[name], f"{prefix}{name}.")
+    return out

@@ -153,3 +153,56 @@ def test_registry():
         assert get_advantage_fn("test_identity") is identity
     finally:
         del ADVANTAGE_ESTIMATORS["test_identity"]
+
+
+# Search-R1's veRL (verl/trainer/ppo/core_algos.py compute_gae_advantage_return, with verl/utils/torch_functional.py
+# masked_whiten), run on the response part of the batch in `test_ppo_gae_over_the_response_is_search_r1s`:
+# rewards 1.0 at row 0's token 6 and 0.25 at row 1's token 5, response_mask = attention_mask of the response.
+SEARCH_R1_GAE = {
+    (1.0, 1.0): (
+        [[0.01507569, 1.38695848, 0.79900873, -0.37689081, 1.77892518, 0.40704209, 0.60302538],
+         [-0.67086601, -1.25881588, 0.11306711, -1.65078232, -0.86684918, -0.27889934]],
+        [[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.25, 0.25, 0.25, 0.25, 0.25, 0.25]],
+    ),
+    (0.9, 0.8): (
+        [[-1.11016846, 0.65052605, 0.19796731, -1.14760935, 1.7338109, 0.56724316, 1.3072108],
+         [-0.31452355, -1.05275142, 0.70039606, -1.37594652, -0.49538487, 0.33922982]],
+        [[0.17619625, 0.29471701, 0.38432914, 0.35879052, 0.59832001, 0.756, 1.0],
+         [0.14607975, 0.10288858, 0.21790081, 0.15264001, 0.16200002, 0.25]],
+    ),
+}
+
+
+@pytest.mark.parametrize("gamma, lam", sorted(SEARCH_R1_GAE))
+def test_ppo_gae_over_the_response_is_search_r1s(gamma, lam):
+    """PPO with `algo.gae_tokens="response"` (the papers' setting): the recursion runs through the retrieved
+    tokens on the critic's values there, whitening covers every response token, and the critic learns on them;
+    the outcome reward sits on the last response token. Two prompt tokens, then row 0: policy 3, retrieved 2,
+    policy 2, padding 1; row 1: policy 2, retrieved 3, policy 1, padding 2."""
+    from types import SimpleNamespace
+
+    from jaxsearch.rl import algorithms
+
+    response = np.array([[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 0, 0]])
+    policy = np.array([[1, 1, 1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 1, 0, 0]])
+    values_r = np.array(
+        [[0.5, -0.2, 0.1, 0.7, -0.4, 0.3, 0.2, 0.0], [0.1, 0.4, -0.3, 0.6, 0.2, -0.1, 0.0, 0.0]], np.float32
+    )
+    prompt = np.ones((2, 2), np.int64)
+    attn = np.concatenate([prompt, response], axis=1)
+    lmask = np.concatenate([0 * prompt, policy], axis=1)
+    values = np.concatenate([np.full((2, 2), 0.9, np.float32), values_r], axis=1)
+    zeros = np.zeros(attn.shape, np.float32)
+    algo = SimpleNamespace(gae_tokens="response", gamma=gamma, lam=lam, kl_in_reward=0.0)
+    out = algorithms.gae_batch(algo, np.array([1.0, 0.25], np.float32), values, attn, lmask, zeros, zeros)
+    np.testing.assert_array_equal(out["value_mask"], np.concatenate([0 * prompt, response], axis=1))
+    want_adv, want_ret = SEARCH_R1_GAE[(gamma, lam)]
+    for b in range(2):
+        n = response[b].sum()
+        np.testing.assert_allclose(out["advantages"][b, 2 : 2 + n], want_adv[b], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["returns"][b, 2 : 2 + n], want_ret[b], rtol=1e-5, atol=1e-6)
+    # the later veRL rule (`gae_tokens="policy"`) differs: retrieved tokens are passed over
+    algo.gae_tokens = "policy"
+    skip = algorithms.gae_batch(algo, np.array([1.0, 0.25], np.float32), values, attn, lmask, zeros, zeros)
+    assert not np.allclose(skip["advantages"][0, 2:9], want_adv[0])
+    np.testing.assert_array_equal(skip["value_mask"], lmask)

@@ -122,9 +122,10 @@ def test_grpo_batches_hold_group_advantages_and_the_policy_logprobs():
     assert np.abs(again["old_logprobs"] - again["ref_logprobs"])[traj.loss_mask == 1].max() > 1e-6
 
 
-def test_ppo_batches_hold_gae_over_the_critic_with_the_kl_in_the_reward():
+@pytest.mark.parametrize("gae_tokens", ["response", "policy"])
+def test_ppo_batches_hold_gae_over_the_critic_with_the_kl_in_the_reward(gae_tokens):
     config, mesh, params = _model()
-    cfg = _cfg(advantage="gae", kl_in_reward=0.1, gamma=0.9, lam=0.8)
+    cfg = _cfg(advantage="gae", kl_in_reward=0.1, gamma=0.9, lam=0.8, gae_tokens=gae_tokens)
     algo = make_algorithm(cfg, config, mesh)
     assert type(algo) is PPO
     state = algo.init_state(params)
@@ -133,17 +134,23 @@ def test_ppo_batches_hold_gae_over_the_critic_with_the_kl_in_the_reward():
     )
     traj, scores = _trajectories(seed=2), np.array([1.0, 0.0, 0.5, 2.0], np.float32)
     timer = StepTimer()
-    joined = {k: np.concatenate([b[k] for b in algo.prepare(state, traj, scores, timer)]) for k in ("advantages", "returns", "old_values", "old_logprobs", "ref_logprobs")}  # fmt: skip
+    joined = {k: np.concatenate([b[k] for b in algo.prepare(state, traj, scores, timer)]) for k in ("advantages", "returns", "old_values", "old_logprobs", "ref_logprobs", "value_mask")}  # fmt: skip
     assert "values" in timer.seconds
     lmask = traj.loss_mask
+    mask = lmask.copy()
+    if gae_tokens == "response":  # every token from the policy's first on, retrieved ones too, not padding
+        for b in range(4):
+            mask[b, np.flatnonzero(lmask[b])[0] : traj.attention_mask[b].sum()] = 1
+        assert (mask != lmask).any()  # the rows hold retrieved tokens
+    np.testing.assert_array_equal(joined["value_mask"][:, : mask.shape[1]], mask)
     rewards = -0.1 * (joined["old_logprobs"] - joined["ref_logprobs"]) * lmask
-    for b in range(4):  # the outcome on the last policy token
-        rewards[b, np.flatnonzero(lmask[b])[-1]] += scores[b]
+    for b in range(4):  # the outcome on the last token GAE runs over
+        rewards[b, np.flatnonzero(mask[b])[-1]] += scores[b]
     adv, ret = _numpy_gae(
-        rewards.astype(np.float64), joined["old_values"].astype(np.float64), lmask, 0.9, 0.8
+        rewards.astype(np.float64), joined["old_values"].astype(np.float64), mask, 0.9, 0.8
     )
-    np.testing.assert_allclose(joined["returns"][lmask == 1], ret[lmask == 1], atol=1e-4)
-    np.testing.assert_allclose(joined["advantages"][lmask == 1], adv[lmask == 1], atol=1e-3)
+    np.testing.assert_allclose(joined["returns"][mask == 1], ret[mask == 1], atol=1e-4)
+    np.testing.assert_allclose(joined["advantages"][mask == 1], adv[mask == 1], atol=1e-3)
     state, metrics = algo.update(state, algo.prepare(state, traj, scores, timer))
     assert np.isfinite(metrics["critic/vf_loss"]) and int(state["critic"].step) == 4
 

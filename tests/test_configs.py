@@ -65,6 +65,7 @@ SEARCH_R1 = [
     ("rollout.eval_temperature", 1.0, "validation loses do_sample=False in generation.py run_llm_loop"),
     ("rollout.eval_top_p", 0.95, "ditto: validation samples as the rollout does"),
     ("reward.terms", (("em", 1.0),), "main_ppo.py: qa_em.compute_score_em"),
+    ("data.eval_examples", 0, "train_grpo.sh data.val_data_num=null: the whole test set (SOAR Table 8 likewise)"),
 ]
 RSEARCH = [
     ("data.batch_size", 256, "train_grpo_7b.sh data.train_batch_size; seed 002 §4.3"),

@@ -136,7 +136,7 @@ def test_graph_r1_prompt_and_observation():
         "<|im_start|>assistant\n<think>\n"
     )
     assert protocol.observation_allow_special
-    assert protocol.stop_strings == ("</query>", "</answer>")
+    assert protocol.stop_strings == ("</query>",)  # no stop at </answer>: tests/test_graphr1_setting.py
 
 
 @pytest.mark.parametrize(

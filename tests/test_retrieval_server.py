@@ -186,7 +186,7 @@ def test_64_concurrent_clients(server):
 def test_client_retries_until_a_late_server_is_up():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    client = RemoteRetriever(url, retries=10, backoff=0.2, max_backoff=1.0)
+    client = RemoteRetriever(url, deadline_s=HANG_S, attempt_timeout_s=HANG_S, backoff=0.2, max_backoff=1.0)
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(docs=client.search(["Lisul River"], 2)))
     thread.start()
@@ -286,7 +286,7 @@ def test_client_retries_5xx_and_server_survives_retriever_errors(in_process_serv
 
 def test_large_request_is_searched_in_parts(in_process_server):
     retriever = FlakyRetriever()
-    url = in_process_server(retriever, max_batch=100)
+    url = in_process_server(retriever, max_batch=100, max_batch_chars=10**6)  # the query count binds
     queries = [f"q{i}" for i in range(2560)]
     body = httpx.post(url + "/retrieve", json={"queries": queries, "topk": 1}, timeout=HANG_S).json()
     assert [docs[0]["id"] for docs in body["result"]] == queries

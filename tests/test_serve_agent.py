@@ -2,6 +2,7 @@
 checked against direct greedy rollouts of the same engine (answers, queries, docs), streaming, 16
 concurrent clients, malformed requests, and the command line."""
 
+import dataclasses
 import importlib
 import json
 import os
@@ -266,9 +267,21 @@ def test_bad_json_unknown_model_routes_and_methods(served):
 
 
 def test_a_question_too_long_for_the_cache_fails_alone(served):
-    """A prompt without cache room is a 400 for its request only; the one batched with it is answered."""
+    """A prompt without cache room is a 400 for its request only; the one batched with it is answered. The
+    server's own --max-message-tokens check would refuse it before any batch (tests/test_faults_servers.py):
+    lifted here, so the rollout's check is the one tested."""
     q = served["questions"][2]
     long = " ".join(["who"] * 2000) + "?"
+    server = served["server"]
+    limits = server.limits
+    server.limits = dataclasses.replace(limits, max_message_tokens=10**6)
+    try:
+        _check_too_long_fails_alone(served, q, long)
+    finally:
+        server.limits = limits
+
+
+def _check_too_long_fails_alone(served, q, long):
     results = [None, None]
     barrier = threading.Barrier(2)
 

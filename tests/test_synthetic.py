@@ -265,6 +265,7 @@ def test_word_tokenizer_save_load_batch_and_chat(tmp_path, tokenizer):
 
 def test_make_world_cli(tmp_path, capsys):
     from jaxsearch.cli import make_world  # launch/make_world.py's command
+    from jaxsearch.files import MARKER
     assert make_world.main(["--out", str(tmp_path), "--seed", "5", "--size", "tiny"]) == 0
     assert "passages" in capsys.readouterr().out
     assert {p.name for p in tmp_path.iterdir()} == {
@@ -274,6 +275,7 @@ def test_make_world_cli(tmp_path, capsys):
         "test.jsonl",
         "world_config.json",
         "tokenizer.json",
+        MARKER,  # the directory is marked as written by jaxsearch (files.claim_output_dir)
     }
     assert json.loads((tmp_path / "world_config.json").read_text())["seed"] == 5
     tokenizer = WordTokenizer.load(tmp_path / "tokenizer.json")

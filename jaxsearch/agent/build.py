@@ -8,6 +8,7 @@ initial_retriever and rollout sections, or launch/eval.py's command line).
 from __future__ import annotations
 
 from jaxsearch.agent import sampler as sampler_lib
+from jaxsearch.agent import rsearch_eval  # noqa: F401 (registers the rsearch_eval protocol)
 from jaxsearch.agent.engine import AgentEngine
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.config import AgentConfig, RunConfig
@@ -38,6 +39,8 @@ def build_retriever(rcfg):
         url=rcfg.url,
         encoder=rcfg.encoder,
         progress=False,
+        deadline_s=rcfg.deadline_s,
+        attempt_timeout_s=rcfg.attempt_timeout_s,
     )
     return HostSplitRetriever(retriever) if rcfg.split_across_hosts else retriever
 
@@ -47,9 +50,12 @@ def build_protocol(pcfg):
     return get_protocol(pcfg.name, **({"tags": pcfg.tags} if pcfg.name == "eka" else {}))
 
 
-def build_sampler(r, model_config, tokenizer, protocol, mesh, temperature: float, top_p: float):
+def build_sampler(
+    r, model_config, tokenizer, protocol, mesh, temperature: float, top_p: float, max_segment: int = 0
+):
     """The rollout's KV-cache sampler (`r`: a `config.RolloutConfig`) at one temperature / top_p
-    (temperature 0: greedy, no top-p / top-k)."""
+    (temperature 0: greedy, no top-p / top-k), decoding up to `max_segment` tokens a call (0:
+    r.max_segment_tokens)."""
     table = sampler_lib.StopTable.build(
         tokenizer, protocol.stop_strings, [tokenizer.eos_id], model_config.vocab_size
     )
@@ -60,7 +66,7 @@ def build_sampler(r, model_config, tokenizer, protocol, mesh, temperature: float
         model_config,
         table,
         r.cache_len,
-        r.max_segment_tokens,
+        max_segment or r.max_segment_tokens,
         sampling,
         chunk_buckets=default_buckets(r.max_obs_tokens + 512),
         mesh=mesh,
@@ -75,7 +81,9 @@ def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: b
     r = cfg.rollout
     tokenizer = load_tokenizer(cfg.tokenizer)
     protocol = build_protocol(cfg.protocol)
-    eval_sampler = build_sampler(r, model_config, tokenizer, protocol, mesh, r.eval_temperature, r.eval_top_p)
+    eval_sampler = build_sampler(
+        r, model_config, tokenizer, protocol, mesh, r.eval_temperature, r.eval_top_p, r.eval_max_segment_tokens
+    )
     engine = AgentEngine(
         tokenizer,
         protocol,
@@ -90,6 +98,11 @@ def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: b
 
 def for_evaluation(engine: AgentEngine, rollout) -> AgentEngine:
     """The same agent (tokenizer, retrievers, compiled functions) with the evaluation's sampler
-    (eval_temperature, eval_top_p) and top-k (eval_retrieval_k) of `rollout` (a `config.RolloutConfig`)."""
-    limits = engine.limits.replace(retrieval_k=rollout.eval_retrieval_k)
+    (eval_temperature, eval_top_p) and top-k (eval_retrieval_k), turn cap (eval_max_turns) and tokens per
+    decode call (eval_max_segment_tokens) of `rollout` (a `config.RolloutConfig`)."""
+    limits = engine.limits.replace(
+        retrieval_k=rollout.eval_retrieval_k,
+        max_turns=rollout.eval_max_turns or rollout.max_turns,
+        max_segment_tokens=rollout.eval_max_segment_tokens or rollout.max_segment_tokens,
+    )
     return engine.replace(sampler=engine.internal_sampler, limits=limits)

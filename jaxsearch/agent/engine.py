@@ -40,7 +40,6 @@ from jaxsearch.agent.sampler import STOP_BUDGET, Sampler, Segment
 from jaxsearch.agent.slots import Slots, SlotState
 from jaxsearch.agent.trajectories import HINT, OBSERVATION, POLICY, Row, Trajectories
 from jaxsearch.config import EpisodeConfig
-from jaxsearch.retrieval.base import format_passages
 
 
 def as_key(key: int | jax.Array) -> jax.Array:
@@ -277,11 +276,9 @@ class AgentEngine:
                 obs = self.protocol.format_observation(docs[j])
             else:
                 obs = self.protocol.format_observation(docs[j], facts[j])
-                row.internal.append(facts[j])
             row.searches += 1
             row.queries.append(query)
             row.docs.append(list(docs[j]))
-            row.retrieved.append(format_passages(docs[j]).strip())
             row.observations.append(obs)
             observations[i] = (OBSERVATION, obs)
         return observations
@@ -290,15 +287,28 @@ class AgentEngine:
         """Token ids to append per row (cut to max_obs_tokens); a row left without room to act ends truncated."""
         chunks = [[] for _ in rows]
         for i, (kind, text) in texts.items():
-            allow = self.protocol.observation_allow_special and kind == OBSERVATION
-            ids = self.tokenizer.encode(text, allow_special=allow)[: self.limits.max_obs_tokens]
+            ids, seen = encode_context(self.tokenizer, self.protocol, kind, text, self.limits.max_obs_tokens)
             free = self.sampler.cache_len - rows[i].length
             if free - len(ids) < self.limits.max_segment_tokens // 4:  # no room left to act on it
                 rows[i].done = rows[i].truncated = True
                 continue
-            rows[i].add(kind, ids, self.tokenizer.decode(ids))
+            rows[i].add(kind, ids, seen)
             chunks[i] = ids
         return chunks
+
+
+def encode_context(
+    tokenizer, protocol: AgentProtocol, kind: str, text: str, max_tokens: int
+) -> tuple[list[int], str]:
+    """An observation or hint as the policy gets it: its ids cut to `max_tokens`, and the text the rewards
+    read for them (the decoded ids; a cut observation closed by `protocol.close_cut_observation`)."""
+    # Graph-R1's invalid-call hint is a knowledge turn like its observations (tool_env.py): special tokens too
+    full = tokenizer.encode(text, allow_special=protocol.observation_allow_special)
+    ids = full[:max_tokens]
+    seen = tokenizer.decode(ids)
+    if kind == OBSERVATION and len(ids) < len(full):
+        seen = protocol.close_cut_observation(seen, text)
+    return ids, seen
 
 
 @dataclasses.dataclass

@@ -38,6 +38,8 @@ def model_config(m) -> qwen2.Qwen2Config:
             num_key_value_heads=m.num_key_value_heads,
             num_hidden_layers=m.num_hidden_layers,
             tie_word_embeddings=m.tie_word_embeddings,
+            head_dim=m.head_dim or None,
+            family=m.family,
             **numerics,
         )
     if m.preset is None:

@@ -6,9 +6,10 @@
     action = protocol.parse_action(segment_text)                       # search | answer | invalid
     text = protocol.format_observation(docs) or protocol.invalid_hint()
 
-Observations are appended with loss mask 0. `observation_allow_special` is True when an observation holds
-chat special tokens (Graph-R1 closes the assistant turn around its `<knowledge>`): encode it with
-`allow_special=True`. SOAR's observation also needs the internal-knowledge stream
+Observations are appended with loss mask 0, but for the part the authors train (`masked_span`: Graph-R1's
+`<|im_end|>` and `\n<think>\n` around its knowledge turn). `observation_allow_special` is True when an
+observation holds chat special tokens (Graph-R1 closes the assistant turn around its `<knowledge>`): encode it
+with `allow_special=True`. SOAR's observation also needs the internal-knowledge stream
 (`needs_internal_knowledge`): one more policy generation per search, `internal_knowledge_messages(query, k)`.
 
 Sources (reference text only; every string below is typed out from them):
@@ -34,7 +35,8 @@ Sources (reference text only; every string below is typed out from them):
 - rsearch: QingFei1/R-Search, `scripts/pre_train_data.sh` (system prompt; the question is the user turn) and
   `src/train/generation.py` (observation, passages without "Doc i"). R-Search's tags `<observation>` and
   `<original_evidence>` are renamed `<information>` and `<evidence>`, this project's names for them
-  (the rewards read those).
+  (the rewards read those). rsearch_eval (agent/rsearch_eval.py): R-Search's evaluation loop,
+  `src/eval/main.py` and `src/eval/config.yaml`, with the authors' tag names (for their checkpoints).
 """
 
 from __future__ import annotations
@@ -157,7 +159,6 @@ RSEARCH_SYSTEM_PROMPT = (
     "the evidence section. Finally, provide the final answer within <answer> and </answer> tags."
 )
 
-
 # ---------------------------------------------------------------------------------------------- registry
 
 PROTOCOLS: Registry[Callable[..., AgentProtocol]] = Registry("protocol")
@@ -186,6 +187,14 @@ class AgentProtocol:
     observation_allow_special = False
     uses_initial_knowledge = False  # EKA: P0 passages for the raw question in the prompt
     needs_internal_knowledge = False
+    observation_tag = "information"  # the tag an observation's retrieved text sits in
+    # The part of an observation (or hint) the authors' loss mask leaves out, from the start of the first string
+    # through the end of the second; the tokens around it are trained (Graph-R1's turn change). None: the whole
+    # observation has loss mask 0 (Search-R1's info mask). `trajectories.context_loss_mask` applies it.
+    masked_span: tuple[str, str] | None = None
+    # evaluation F1 with FlashRAG's yes/no/noanswer rule (`scoring.metrics.f1_score`), or the plain SQuAD F1 of
+    # the method's own evaluation script
+    f1_special_answers = True
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         """The user turn: the method's instruction text with the question (and the initial context)."""
@@ -221,6 +230,22 @@ class AgentProtocol:
     def external_view(self, observation: str) -> str:
         """An observation as it reads with only what the retriever returned (SOAR drops its internal stream)."""
         return observation
+
+    def observation_streams(self, observation: str) -> tuple[str, str]:
+        """(internal, external) streams of an observation's text as the policy saw it (maybe cut short):
+        SOAR's listed facts (E_int; "" for every other method) and the retrieved text inside the observation
+        tag (E_ext)."""
+        return "", tag_content(observation, self.observation_tag)
+
+    def close_cut_observation(self, seen: str, full: str) -> str:
+        """The text the rewards read for an observation cut to max_obs_tokens: what the policy saw (`seen`, a
+        prefix of `full`) up to `full`'s closing tag, then `full`'s tail from that tag on, so that a parser
+        reading tag pairs (or Graph-R1's chat turns) never runs past the cut into the policy's later text. The policy's tokens are not changed
+        (Search-R1 cuts `next_obs_ids` the same way and appends no tag: generation.py `_process_next_obs`)."""
+        at = full.rfind(f"</{self.observation_tag}>")
+        if at < 0:
+            return seen
+        return seen[:at] + full[at:] if len(seen) > at else seen + full[at:]
 
     def _reject_context(self, initial_context: str | None) -> None:
         if initial_context is not None:
@@ -262,9 +287,17 @@ class GraphR1Protocol(AgentProtocol):
     """
 
     name = "graph_r1"
-    stop_strings = ("</query>", "</answer>")
+    # No stop at </answer>: the rollout decodes to EOS (ppo_trainer.yaml rollout.custom_stop_words: []), and
+    # generation.py `_process_tool_call` cuts a response at its first </query> (the tokens after it are dropped).
+    stop_strings = ("</query>",)
     segment_tags = {"<think>": "think", "<query>": "search", "<knowledge>": "knowledge", "<answer>": "answer"}
     observation_allow_special = True
+    observation_tag = "knowledge"
+    # ray_trainer.py `_create_loss_mask`: loss mask 0 from "<|im_start|>user\n<knowledge>" through the end of
+    # "</knowledge><|im_end|>\n<|im_start|>assistant"; the <|im_end|> before it (the EOS generation.py appends
+    # to a query) and the "\n<think>\n" after it are trained
+    masked_span = ("<|im_start|>user\n<knowledge>", "</knowledge><|im_end|>\n<|im_start|>assistant")
+    f1_special_answers = False  # evaluation/eval.py `cal_f1` (also the validation's): plain token F1
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         self._reject_context(initial_context)
@@ -399,6 +432,16 @@ class SoarProtocol(AgentProtocol):
         end = observation.find(SOAR_EXTERNAL_LABEL, start)
         return observation[:start] + ("" if end < 0 else observation[end + len(SOAR_EXTERNAL_LABEL) :])
 
+    def observation_streams(self, observation: str) -> tuple[str, str]:
+        """(E_int, E_ext) as the policy saw them: the facts after the internal label, the passages after the
+        external label (either cut short, or empty, when the observation was cut before it)."""
+        body = tag_content(observation, self.observation_tag)
+        internal, found, external = body.partition(SOAR_EXTERNAL_LABEL)
+        if not found:
+            internal = _drop_partial_suffix(internal, "\n" + SOAR_EXTERNAL_LABEL)
+        internal = internal[len(SOAR_INTERNAL_LABEL) :] if internal.startswith(SOAR_INTERNAL_LABEL) else ""
+        return internal.strip(), external.strip()
+
 
 @register_protocol("rsearch")
 class RSearchProtocol(AgentProtocol):
@@ -427,6 +470,8 @@ class RSearchProtocol(AgentProtocol):
     def invalid_hint(self) -> str:
         return SEARCH_R1_INVALID_HINT
 
+    f1_special_answers = False  # src/eval/utils.py `qa_f1_score`: plain token F1
+
     @staticmethod
     def parse_evidence(response: str) -> str | None:
         """The last `<evidence>` block the policy wrote (outside observations), stripped; else None."""
@@ -447,6 +492,36 @@ def search_r1_action(text: str) -> Action:
     if match is None:
         return Action("invalid", "")
     return Action(match.group(1), match.group(2).strip())
+
+
+def tag_content(text: str, tag: str) -> str:
+    """The stripped text after the first `<tag>` of `text`, up to its `</tag>` (or the end of a text cut
+    before it, less any part of the closing tag); "" without the opening tag."""
+    start = text.find(f"<{tag}>")
+    if start < 0:
+        return ""
+    start += len(tag) + 2
+    end = text.find(f"</{tag}>", start)
+    body = _drop_partial_suffix(text[start:], f"</{tag}>") if end < 0 else text[start:end]
+    return body.strip()
+
+
+def _drop_partial_suffix(text: str, marker: str) -> str:
+    """`text` less a trailing proper prefix of `marker` (where a cut fell inside it)."""
+    for n in range(len(marker) - 1, 0, -1):
+        if text.endswith(marker[:n]):
+            return text[:-n]
+    return text
+
+
+# the numbering our workflow puts before each line of a stream: SOAR's facts "1. " (format_internal_facts),
+# Search-R1's passages "Doc 1(Title: " (retrieval.base.format_passages)
+_STREAM_NUMBERING = re.compile(r"^[ \t]*(?:\d+\.[ \t]+|Doc \d+\(Title:[ \t]*)")
+
+
+def stream_lines(stream: str) -> list[str]:
+    """A stream's lines (one fact or passage each) without the numbering our workflow adds to them."""
+    return [_STREAM_NUMBERING.sub("", line, count=1) for line in stream.splitlines()]
 
 
 def passages(docs: Sequence[Doc]) -> str:

@@ -27,9 +27,14 @@ POLICY, OBSERVATION, HINT = "policy", "observation", "hint"
 class Trajectories:
     """A batch of finished episodes. Arrays are [B, L], right-padded, prompt then response.
 
-    loss_mask is 1 only on tokens the policy sampled (not prompt, P0, observations, hints, padding).
-    logprobs / entropy are the sampler's at those tokens (0 elsewhere): logprobs[b, t] is the log-prob
-    of tokens[b, t]. Host metadata (per row lists) rides along as static fields.
+    loss_mask is 1 on the tokens trained: those the policy sampled, and the parts of observations and hints
+    that the method's authors train (`protocol.masked_span`: Graph-R1's `<|im_end|>` and `\n<think>\n`
+    around each knowledge turn); 0 on prompt, P0, the rest of observations and hints, padding. logprobs /
+    entropy are the sampler's at the sampled tokens (0 elsewhere, also at trained observation tokens, which
+    were not sampled): logprobs[b, t] is the log-prob of tokens[b, t]. The RL update never reads them: it
+    recomputes the old log-probs of every token (`rl.algorithms.GRPO.prepare`), so the ratio of a trained
+    observation token is exp(new - old) like any other. Host metadata (per row lists) rides along as static
+    fields.
     """
 
     tokens: np.ndarray
@@ -43,14 +48,15 @@ class Trajectories:
     searches: np.ndarray  # [B] searches executed
     truncated: np.ndarray  # [B] bool: the row ran out of cache room before it answered
     answers: list = dataclasses.field(metadata=dict(static=True))  # final answer text or None
-    responses: list = dataclasses.field(metadata=dict(static=True))  # policy + observation text (no hints)
+    responses: list = dataclasses.field(metadata=dict(static=True))  # policy, observation and hint text
     # per row: EKA's P0 (the Docs in the prompt; [] without P0), and per search the Docs retrieved
     initial_docs: list = dataclasses.field(metadata=dict(static=True))
     docs: list = dataclasses.field(metadata=dict(static=True))
     queries: list = dataclasses.field(metadata=dict(static=True))  # per row, per search: the query searched
     observations: list = dataclasses.field(metadata=dict(static=True))  # per row: observation strings
-    # per row, per search: the retrieved passages' text (the external stream, E_ext) and SOAR's listed facts
-    # (the internal stream, E_int), kept apart: a SOAR observation shows both
+    # per row, per observation the policy saw: the retrieved text (the external stream, E_ext) and SOAR's
+    # listed facts (the internal stream, E_int), kept apart (a SOAR observation shows both), each as far as
+    # the policy saw it (observations are cut to max_obs_tokens)
     retrieved: list = dataclasses.field(metadata=dict(static=True))
     internal_knowledge: list = dataclasses.field(metadata=dict(static=True))
     # responses with each observation as `protocol.external_view` reads it (SOAR's judge sees E_ext only)
@@ -79,8 +85,6 @@ class Row:
         self.queries: list[str] = []
         self.docs: list[list[Doc]] = []
         self.observations: list[str] = []
-        self.retrieved: list[str] = []
-        self.internal: list[str] = []
         self.turns = 0
         self.searches = 0
         self.done = False
@@ -118,6 +122,28 @@ def response_segments(chunks, tokenizer, tags) -> np.ndarray:
     return np.concatenate(labels).astype(np.int32)
 
 
+def context_loss_mask(ids, tokenizer, protocol) -> np.ndarray:
+    """[n] int32 loss mask of an observation's or hint's tokens: 0 throughout, or with `protocol.masked_span`
+    (start, end) 1 but on each span from a `start` through the end of the next `end` (to the chunk's end when a
+    cut removed it), as Graph-R1's ray_trainer.py `_create_loss_mask` masks the decoded response. Tokens are
+    placed by their bytes (a token starting inside a span is masked), not by re-encoding text."""
+    n = len(ids)
+    if protocol.masked_span is None:
+        return np.zeros(n, np.int32)
+    start, end = (tag.encode() for tag in protocol.masked_span)
+    pieces = [tokenizer.token_bytes(int(t)) for t in ids]
+    offsets = np.cumsum([0] + [len(p) for p in pieces])[:-1]
+    text = b"".join(pieces)
+    mask = np.ones(n, np.int32)
+    at = text.find(start)
+    while at >= 0:
+        close = text.find(end, at)
+        stop = len(text) if close < 0 else close + len(end)
+        mask[(offsets >= at) & (offsets < stop)] = 0
+        at = text.find(start, stop)
+    return mask
+
+
 def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectories:
     """The rows' prompts and chunks as right-padded [B, L] arrays, with their host records."""
     b = len(rows)
@@ -130,19 +156,18 @@ def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectorie
         for kind, ids, lp, en in row.chunks:
             n = len(ids)
             tokens[i, pos : pos + n] = ids
-            loss[i, pos : pos + n] = kind == POLICY
+            loss[i, pos : pos + n] = 1 if kind == POLICY else context_loss_mask(ids, tokenizer, protocol)
             logp[i, pos : pos + n] = lp
             ent[i, pos : pos + n] = en
             pos += n
         attn[i, :pos] = 1
         seg_ids[i, start:pos] = response_segments(row.chunks, tokenizer, protocol.segment_tags)
-    responses = ["".join(t for kind, t in r.texts if kind != HINT) for r in rows]
-    external = [
-        "".join(
-            protocol.external_view(t) if kind == OBSERVATION else t for kind, t in r.texts if kind != HINT
-        )
-        for r in rows
-    ]
+    # the decoded response as the authors' rewards read it, hints included: Search-R1's and R-Search's
+    # `execute_predictions` (generation.py) append the invalid-action text to the response, Graph-R1's tool
+    # env (agent/tool/tool_env.py) a knowledge turn; dropping it merges the turns around it
+    responses = ["".join(t for _, t in r.texts) for r in rows]
+    external = ["".join(protocol.external_view(t) if k == OBSERVATION else t for k, t in r.texts) for r in rows]
+    streams = [[protocol.observation_streams(t) for kind, t in r.texts if kind == OBSERVATION] for r in rows]
     parse_evidence = getattr(protocol, "parse_evidence", lambda _: None)
     parse_source = getattr(protocol, "parse_source", lambda _: None)
     return Trajectories(
@@ -162,8 +187,10 @@ def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectorie
         docs=[r.docs for r in rows],
         queries=[r.queries for r in rows],
         observations=[r.observations for r in rows],
-        retrieved=[r.retrieved for r in rows],
-        internal_knowledge=[r.internal for r in rows],
+        retrieved=[[external for _, external in row] for row in streams],
+        internal_knowledge=[
+            [internal for internal, _ in row] if protocol.needs_internal_knowledge else [] for row in streams
+        ],
         external_responses=external,
         evidence=[parse_evidence(r) for r in responses],
         sources=[parse_source(r) for r in responses],

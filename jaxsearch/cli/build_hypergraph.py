@@ -13,7 +13,8 @@ to 2 gleaning passes; entities merged by upper-cased name; entities and hyperedg
 BAAI/bge-large-en-v1.5, Graph-R1's) into FAISS inner-product indexes.
 
 The previous graph at --out stays loadable until the new one is complete (the build writes <out>.partial/
-and renames at the end). Rerun the same command after an interruption: chunks already extracted are not
+and renames at the end); --out must be absent, empty or a graph this project wrote (anything else is refused,
+never deleted). Rerun the same command after an interruption: chunks already extracted are not
 extracted again, embeddings resume from their last batch, and the model's replies are cached in
 <out>.llm_cache.jsonl (--llm-cache), so a rebuild asks the model nothing it was asked before.
 """
@@ -42,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default with --world: the world's corpus.jsonl)")
     p.add_argument("--world", default=None, help="a synthetic world's directory (launch/make_world.py): extract its "
                    "facts by rule, no model")
-    p.add_argument("--out", required=True, help="hypergraph directory to (re)place")
+    p.add_argument("--out", required=True, help="hypergraph directory to write: absent, empty or a graph built here before")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     g = p.add_argument_group("chunking")
     g.add_argument("--chunk-tokens", type=int, default=hypergraph_build.CHUNK_TOKENS, help="tokens per chunk (1200)")
@@ -101,9 +102,12 @@ def main(argv=None) -> int:
     from jaxsearch.retrieval.encoders import Encoder
     from jaxsearch.retrieval.hypergraph import hypergraph_encoder_spec
 
+    from jaxsearch.retrieval.build import claim_out
+
     corpus = args.corpus or os.path.join(args.world, "corpus.jsonl")
     extractor = None
     try:
+        claim_out(args.out, inputs=(corpus, args.world or ""))
         if not os.path.isfile(corpus):
             raise FileNotFoundError(f"{corpus}: no such corpus file")
         tokenizer = QwenTokenizer() if args.chunk_tokenizer == "qwen" else None

@@ -6,7 +6,8 @@
 
 The previous index at --out stays loadable until the new one is complete (the build writes
 <out>.partial/ and renames at the end). A dense build interrupted while encoding resumes from its
-last finished batch when the same command is run again.
+last finished batch when the same command is run again. --out must be absent, empty or an index this
+project wrote: anything else is refused before any work, and never deleted.
 """
 import argparse
 import os
@@ -32,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, epilog=MEMORY_NOTES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True, help="JSONL corpus: {id, contents} or {id, title, text} per line")
     p.add_argument("--retriever", required=True, choices=["bm25", "dense"])
-    p.add_argument("--out", required=True, help="index directory to (re)place")
+    p.add_argument("--out", required=True, help="index directory to write: absent, empty or an index built here before")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     g = p.add_argument_group("bm25")
     g.add_argument("--k1", type=float, default=0.9, help="BM25 k1 (default 0.9, Pyserini's)")
@@ -54,11 +55,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from jaxsearch.retrieval.build import build_bm25, build_dense, recover
+    from jaxsearch.retrieval.build import build_bm25, build_dense, claim_out, recover
     from jaxsearch.retrieval.corpus import Corpus
 
     progress = not args.no_progress
     try:
+        claim_out(args.out, inputs=(args.corpus,))
         recover(args.out)
         corpus = Corpus(args.corpus, progress=progress)
         if args.retriever == "bm25":

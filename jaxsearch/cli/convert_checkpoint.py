@@ -5,13 +5,16 @@
 
 The HF side is what transformers' Qwen2ForCausalLM (and vLLM) load; the orbax side is what
 `jaxsearch.models.orbax_io.restore_params` (and launch/eval.py) read. The destination is replaced only once
-the new checkpoint is complete.
+the new checkpoint is complete, and only if it is absent, empty or a checkpoint this project wrote: anything
+else is refused before any work, and never deleted.
 """
 
 import argparse
 import sys
 
 import jax.numpy as jnp
+
+from jaxsearch.files import claim_output_dir, mark
 
 
 def main(argv=None) -> int:
@@ -20,7 +23,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--to", choices=["orbax", "hf"], required=True, help="format of the destination")
     parser.add_argument("--src", required=True, help="source checkpoint directory")
-    parser.add_argument("--dst", required=True, help="destination directory (replaced when complete)")
+    parser.add_argument("--dst", required=True, help="destination directory: absent, empty or written here before (replaced when complete)")
     parser.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],
@@ -34,12 +37,16 @@ def main(argv=None) -> int:
     from jaxsearch.models import hf_io
 
     try:
+        # an orbax params directory is this project's layout; an HF directory counts as ours only with the marker
+        legacy = [("config.json", "params")] if args.to == "orbax" else []
+        claim_output_dir(args.dst, "--dst", legacy=legacy, inputs=(args.src,), create=False)
         if args.to == "orbax":
             config, params = hf_io.load_hf(args.src, dtype=jnp.dtype(args.dtype or "float32"))
             orbax_io.save_params(args.dst, config, params)
         else:
             config, params = orbax_io.restore_params(args.src, dtype=args.dtype)
             hf_io.save_hf(config, params, args.dst, max_shard_bytes=int(args.max_shard_gb * 1024**3))
+        mark(args.dst)
     except (ValueError, FileNotFoundError) as e:
         print(f"convert_checkpoint: error: {e}", file=sys.stderr)
         return 2

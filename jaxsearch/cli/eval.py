@@ -11,7 +11,7 @@ convert_checkpoint.py). Writes to --out: NAME.jsonl (one record per example with
 summary.json and results.md (EM, F1, sub-EM, retrieval recall@k, R-S, turns, searches, fabrication rate,
 entropy per segment type; per dataset, per Search-R1 `data_source` within a dataset, and on average).
 Rerunning the same command skips finished examples;
---out refuses results of different settings (run.json).
+--out refuses results of different settings (run.json), and a directory of files it did not write.
 
 Recall@k counts an example when a golden answer occurs in any passage the episode retrieved (each search's
 top-k, and EKA's P0 unless --exclude-p0). R-S needs gold passages: the dataset's metadata.supporting_ids,
@@ -21,6 +21,12 @@ R-S as null (as do all with --rs-encoder none). R-S is EKA's: SQuAD-normalized t
 The fabrication rate needs a judge (--judge-url); it is also given among answer-correct and answer-wrong
 examples (SOAR's Table 4). --limit N --sample random --sample-seed S draws N questions at random (R-Search:
 500, seed 44).
+
+R-Search's own evaluation loop (src/eval/main.py, for its checkpoints): --protocol rsearch_eval (their tags
+<observation> / <original_evidence>, no stop at </answer>) --max-turns 8192 (no cap) --max-segment-tokens 1024
+--temperature 0.1 --top-p 0.9 --topk 5, and --dataset-url for the per-dataset corpora (configs/rsearch_7b.py
+rollout.eval_* and data.eval_retrievers); results carry R-Search's Acc beside EM and F1 (plain token F1 under
+rsearch, rsearch_eval and graph_r1 protocols, as their authors' scripts; FlashRAG's yes/no rule otherwise).
 
 Search-R1 parquet: examples are identified by (data_source, id), so a merged test set (nq, triviaqa, ... with
 ids repeated across sources) is one dataset, broken down by data source in results.md and summary.json. Under
@@ -70,6 +76,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     retrieval.add_argument(
         "--exclude-p0", action="store_true", help="recall and R-S without EKA's P0 passages"
     )
+    retrieval.add_argument(
+        "--dataset-url",
+        nargs="+",
+        default=[],
+        metavar="NAME=URL",
+        help="search dataset NAME in its own corpus, a remote /retrieve URL (NAME *: every other dataset); "
+        "R-Search: configs/rsearch_7b.py data.eval_retrievers",
+    )
     g = p.add_argument_group("metrics")
     g.add_argument(
         "--rs-encoder",
@@ -82,6 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args = finish_agent_args(args)
     args.datasets = dict(_dataset(p, spec) for spec in args.datasets)
+    args.dataset_url = dict(_dataset_url(p, spec) for spec in args.dataset_url)
     if bool(args.judge_url) != bool(args.judge_model):
         p.error("--judge-url and --judge-model go together")
     return args
@@ -98,6 +113,13 @@ def _dataset(parser, spec: str) -> tuple[str, str]:
     return name, os.path.abspath(path)
 
 
+def _dataset_url(parser, spec: str) -> tuple[str, str]:
+    name, sep, url = spec.partition("=")
+    if not sep or not url.startswith(("http://", "https://")) or not (name == "*" or DATASET_NAME.match(name)):
+        parser.error(f"--dataset-url {spec!r}: expected NAME=http(s)://... with NAME a dataset or *")
+    return name, url
+
+
 def settings(args) -> dict:
     """What the results depend on (run.json): a rerun into the same --out must match."""
     keys = (
@@ -110,6 +132,8 @@ def settings(args) -> dict:
         out["eka_tags"] = out["initial_k"] = None
     if args.builtin_prompt:  # recorded only when set: run.json files written before the option still match
         out["builtin_prompt"] = True
+    if args.dataset_url:  # likewise
+        out["dataset_url"] = args.dataset_url
     if args.sample == "random":  # likewise
         out["sample"], out["sample_seed"] = args.sample, args.sample_seed
     return out
@@ -133,7 +157,10 @@ def main(argv=None) -> int:
             args.datasets, args.limit, args.sample, args.sample_seed
         )  # before the heavy imports: bad input fails fast
         from jaxsearch.eval import evaluate as ev
+        from jaxsearch.files import claim_output_dir
 
+        # results written before the marker file: their run.json
+        claim_output_dir(args.out, "--out", legacy=[("run.json",)])
         ev.claim_out_dir(args.out, settings(args), args.datasets)
         todo = sum(map(len, ev.pending(args.out, datasets).values()))
         summary = run(args, datasets, progress) if todo else ev.write_summary(args.out, datasets)
@@ -167,7 +194,8 @@ def load_datasets(paths: dict[str, str], limit: int, sample: str = "first", seed
 def run(args, datasets, progress: bool) -> dict:
     """Load the policy, retriever(s), encoder and judge, then evaluate the missing examples."""
     from jaxsearch import parallel
-    from jaxsearch.agent.build import build_engine
+    from jaxsearch.agent.build import build_engine, build_retriever
+    from jaxsearch.config import RetrieverConfig
     from jaxsearch.eval import evaluate as ev
     from jaxsearch.agent.policy import load_policy
     from jaxsearch.retrieval.corpus import Corpus
@@ -200,6 +228,10 @@ def run(args, datasets, progress: bool) -> dict:
         progress=progress,
         use_data_prompt=not args.builtin_prompt,
         judge=chat_judge(judge_config(args)),
+        retrievers={  # R-Search: datasets searched in their own corpora
+            name: build_retriever(RetrieverConfig("remote", None, None, url, None))
+            for name, url in ev.dataset_urls(args.dataset_url, datasets).items()
+        },
     )
 
 

@@ -7,6 +7,8 @@ Writes into DIR (FlashRAG layout):
   {train,dev,test}.jsonl   {"id", "question", "golden_answers", "metadata": {"supporting_ids", "hops", ...}}
   world_config.json        the WorldConfig used (same config -> same files)
   tokenizer.json           a WordTokenizer built from the world's text
+
+DIR must be absent, empty or a world this project wrote: anything else is refused, and never overwritten.
 """
 
 import argparse
@@ -15,6 +17,7 @@ import os
 import sys
 
 from jaxsearch.data.world.generator import SIZES, generate_world, world_config
+from jaxsearch.files import OutputDirError, claim_output_dir
 from jaxsearch.models.word_tokenizer import WordTokenizer
 
 
@@ -35,6 +38,12 @@ def main(argv=None) -> int:
             f"make_world: error: {args.out} already holds a world; pass --overwrite to replace it",
             file=sys.stderr,
         )
+        return 2
+    try:
+        # a world written before the marker file: its config and tokenizer
+        claim_output_dir(args.out, "--out", legacy=[("world_config.json", "tokenizer.json")])
+    except OutputDirError as e:
+        print(f"make_world: error: {e}", file=sys.stderr)
         return 2
     world = generate_world(world_config(args.size, args.seed))
     world.write(args.out)

@@ -15,6 +15,11 @@ shape), waiting at most --batch-wait-ms for company. Decoding is greedy unless -
 own temperature must equal it. --checkpoint, --tokenizer, --protocol, the retriever and the episode limits
 mean what they mean for launch/eval.py (both take them from jaxsearch/agent/cli.py). Binds 127.0.0.1
 unless --host.
+
+Limits, each answered with an error naming it before the work it bounds: --max-body-bytes (413, from
+Content-Length, before reading); JSON nested at most 32 levels, UTF-8 (400, before parsing);
+--max-message-tokens for the question (400 context_length_exceeded, before it joins a batch: an oversized
+question never holds up the requests batched with it).
 """
 
 import argparse
@@ -48,6 +53,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--batch-wait-ms", type=float, default=20.0, help="how long a batch waits for more requests"
     )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    g.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                   help="refuse a larger request body (413; default 4 MiB)")
+    g.add_argument(
+        "--max-message-tokens",
+        type=int,
+        default=0,
+        help="refuse a longer question (400); 0 (default): what --cache-len leaves after the protocol's "
+        "prompt and one --max-segment-tokens segment",
+    )
     g.add_argument(
         "--no-warmup", action="store_true", help="compile on the first request instead of at start"
     )
@@ -73,6 +87,8 @@ def check_inputs(args) -> None:
         path = getattr(args, flag)
         if path and not os.path.exists(path):
             raise FileNotFoundError(f"--{flag.replace('_', '-')} {path}: no such file or directory")
+    if args.max_body_bytes < 1 or args.max_message_tokens < 0:
+        raise ValueError("--max-body-bytes must be >= 1 and --max-message-tokens >= 0 (0: from --cache-len)")
     for flag in ("max_batch", "topk", "max_turns", "max_segment_tokens", "max_obs_tokens", "cache_len"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -97,7 +113,7 @@ def main(argv=None) -> int:
     try:
         check_inputs(args)
         engine, params = build(args)
-        from jaxsearch.serving.server import make_server
+        from jaxsearch.serving.server import Limits, make_server
 
         server = make_server(
             engine,
@@ -110,6 +126,7 @@ def main(argv=None) -> int:
             args.temperature,
             args.seed,
             args.verbose,
+            Limits(args.max_body_bytes, args.max_message_tokens or None),
         )
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -25,7 +25,10 @@ mid-write) is dropped and redone; any other unreadable line is an `EvalError` na
 
 Metrics per example (`record["metrics"]`):
 
-    em, f1, sub_em  the final <answer> against the golden answers (`scoring.metrics`; no answer scores "")
+    em, f1, sub_em  the final <answer> against the golden answers (`scoring.metrics`; no answer scores ""); F1
+                    with the protocol's rule (`f1_special_answers`: FlashRAG's yes/no rule, or the plain token
+                    F1 of Graph-R1's and R-Search's own evaluation)
+    acc             R-Search's Acc (`scoring.metrics.accuracy`): a golden answer is a substring of the answer
     recall          FlashRAG's retrieval recall@k: 1 if a golden answer occurs in a passage the episode
                     retrieved: any search's top-k, and EKA's P0 unless include_initial=False
     rs              R-S (`retrieval_similarity`): the gold passages (a Graph-R1 row's `context`, else its
@@ -35,9 +38,12 @@ Metrics per example (`record["metrics"]`):
     fabrication     SOAR's judge (`judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
                     or no judge
 
-Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, rs and
-fabrication_rate over their non-None values (None if there are none, with rs_n / fabrication_n counted), the
-fabrication rate among answer-correct (EM 1) and answer-wrong examples (SOAR's Table 4: fabrication_rate/correct,
+A dataset may be searched in its own corpus (`retrievers`, e.g. R-Search's per-dataset servers from
+`config.data.eval_retrievers` via `dataset_urls`); the others use the engine's retriever.
+
+Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, acc (over
+the records that have it), rs and fabrication_rate over their non-None values (None if there are none, with
+rs_n / fabrication_n counted), the fabrication rate among answer-correct (EM 1) and answer-wrong examples (SOAR's Table 4: fabrication_rate/correct,
 fabrication_rate/wrong), and
 the entropy of the policy's tokens, overall and per segment type (`entropy/think`, ...), token-weighted. The
 average row is the mean over datasets of each metric (skipping None) and the total n.
@@ -70,6 +76,7 @@ TABLE_COLUMNS = (  # (summary key, header)
     ("em", "EM"),
     ("f1", "F1"),
     ("sub_em", "sub-EM"),
+    ("acc", "Acc"),
     ("recall", "recall@k"),
     ("rs", "R-S"),
     ("turns", "turns"),
@@ -189,8 +196,11 @@ def run_batch(
                 "prediction": prediction,
                 "metrics": {
                     "em": qa_metrics.exact_match(prediction or "", ex.golden_answers),
-                    "f1": qa_metrics.f1_score(prediction or "", ex.golden_answers),
+                    "f1": qa_metrics.f1_score(
+                        prediction or "", ex.golden_answers, engine.protocol.f1_special_answers
+                    ),
                     "sub_em": qa_metrics.sub_exact_match(prediction or "", ex.golden_answers),
+                    "acc": qa_metrics.accuracy(prediction or "", ex.golden_answers),
                     "recall": recall,
                     "rs": None,
                     "fabrication": fabrication[i],
@@ -256,6 +266,7 @@ def evaluate(
     progress: bool = True,
     use_data_prompt: bool = True,
     judge=None,
+    retrievers: dict | None = None,
 ) -> dict:
     """Run the missing examples of every dataset, append their records, write the summary; return it.
 
@@ -263,7 +274,8 @@ def evaluate(
     does not depend on it). gold_corpus: a `Corpus` holding the supporting passages (R-S; not needed for rows
     with their own `context`); rs_encoder: the R-S sentence encoder (None: no R-S); include_initial: count EKA's
     P0 in recall and R-S; use_data_prompt: the search_r1 protocol prompts with a dataset's own `prompt` where it
-    has one (False: the built-in one).
+    has one (False: the built-in one); retrievers: dataset name -> the retriever of its own corpus (others: the
+    engine's).
     """
     os.makedirs(out_dir, exist_ok=True)
     if gold_corpus is not None:
@@ -271,12 +283,13 @@ def evaluate(
     similarity = RetrievalSimilarity(rs_encoder) if rs_encoder is not None else None
     for name, todo in pending(out_dir, datasets).items():
         examples = datasets[name]
+        agent = engine if name not in (retrievers or {}) else engine.replace(retriever=retrievers[name])
         bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=name, disable=not progress)
         with open(records_path(out_dir, name), "a", encoding="utf-8") as f:
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start : start + batch_size]
                 records = run_batch(
-                    engine,
+                    agent,
                     params,
                     [examples[i] for i in chunk],
                     jax.random.fold_in(jax.random.key(seed), chunk[0]),
@@ -295,6 +308,18 @@ def evaluate(
     return write_summary(out_dir, datasets)
 
 
+def dataset_urls(urls: dict[str, str], names) -> dict[str, str]:
+    """Dataset name -> the /retrieve URL of its own corpus, for the `names` evaluated: its entry in `urls`
+    (`config.data.eval_retrievers`, or launch/eval.py --dataset-url), else the "*" entry; a dataset with
+    neither is left out (it uses the engine's retriever)."""
+    out = {}
+    for name in names:
+        url = urls.get(name, urls.get("*"))
+        if url:
+            out[name] = url
+    return out
+
+
 # ------------------------------------------------------------------------------------------- summary
 
 
@@ -304,6 +329,8 @@ def summarize(records: Sequence[dict]) -> dict:
     for key in MEAN_METRICS:
         values = [_metric(r, key) for r in records]
         out[key] = float(np.mean(values)) if values else None
+    acc = [r["metrics"]["acc"] for r in records if "acc" in r["metrics"]]  # records written before Acc lack it
+    out["acc"] = float(np.mean(acc)) if acc else None
     for key, name in (("rs", "rs"), ("fabrication", "fabrication_rate")):
         values = [r["metrics"][key] for r in records if r["metrics"].get(key) is not None]
         out[name] = float(np.mean(values)) if values else None

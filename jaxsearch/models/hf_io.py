@@ -1,11 +1,13 @@
-"""HF safetensors checkpoint directory <-> (Qwen2Config, params pytree).
+"""HF safetensors checkpoint directory <-> (Qwen2Config, params pytree), for Qwen2 / Qwen2.5 and Qwen3.
 
-A transformers Qwen2 checkpoint is `config.json` plus `model.safetensors`, or several shards named by
-`model.safetensors.index.json`. The mapping to jaxsearch's layout (see `qwen2.py`):
+A transformers Qwen2 or Qwen3 checkpoint is `config.json` (its `model_type` names the family) plus
+`model.safetensors`, or several shards named by `model.safetensors.index.json`. The mapping to jaxsearch's
+layout (see `qwen2.py`):
 
     model.embed_tokens.weight               [V, E]  -> embedding
-    model.layers.{i}.self_attn.q_proj.weight [H*D, E] -> layers_i/attn/q_kernel [E, H, D]  (+ .bias)
-    model.layers.{i}.self_attn.{k,v}_proj.*  -> layers_i/attn/kv_kernel [E, 2, K, D], kv_bias [2, K, D]
+    model.layers.{i}.self_attn.q_proj.weight [H*D, E] -> layers_i/attn/q_kernel [E, H, D]  (+ .bias: Qwen2)
+    model.layers.{i}.self_attn.{k,v}_proj.*  -> layers_i/attn/kv_kernel [E, 2, K, D], kv_bias [2, K, D] (Qwen2)
+    model.layers.{i}.self_attn.{q,k}_norm.weight [D] -> layers_i/attn/{q,k}_norm/scale        (Qwen3)
     model.layers.{i}.self_attn.o_proj.weight [E, H*D] -> layers_i/attn/o_kernel [H, D, E]
     model.layers.{i}.mlp.{gate,up}_proj.weight [F, E] -> layers_i/mlp/gate_up_kernel [E, 2, F]
     model.layers.{i}.mlp.down_proj.weight    [E, F] -> layers_i/mlp/down_kernel [F, E]
@@ -40,7 +42,7 @@ class CheckpointError(ValueError):
 
 
 def _hf_shapes(config: qwen2.Qwen2Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor name a transformers Qwen2 checkpoint holds, with its shape."""
+    """Every tensor name a transformers Qwen2 / Qwen3 checkpoint of this config holds, with its shape."""
     e, f, h, k, d, v = (
         config.hidden_size,
         config.intermediate_size,
@@ -54,14 +56,18 @@ def _hf_shapes(config: qwen2.Qwen2Config) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (v, e)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
+        if config.qkv_bias:
+            shapes.update(
+                {p + "self_attn.q_proj.bias": (h * d,)}
+                | {p + f"self_attn.{n}_proj.bias": (k * d,) for n in "kv"}
+            )
+        if config.qk_norm:
+            shapes.update({p + f"self_attn.{n}_norm.weight": (d,) for n in "qk"})
         shapes.update(
             {
                 p + "self_attn.q_proj.weight": (h * d, e),
-                p + "self_attn.q_proj.bias": (h * d,),
                 p + "self_attn.k_proj.weight": (k * d, e),
-                p + "self_attn.k_proj.bias": (k * d,),
                 p + "self_attn.v_proj.weight": (k * d, e),
-                p + "self_attn.v_proj.bias": (k * d,),
                 p + "self_attn.o_proj.weight": (e, h * d),
                 p + "mlp.gate_proj.weight": (f, e),
                 p + "mlp.up_proj.weight": (f, e),
@@ -83,21 +89,20 @@ def _layer_to_params(config, get: Callable[[str], np.ndarray], i: int) -> dict:
             get(p + "self_attn.v_proj.weight").reshape(k, d, e),
         ]
     )  # [2, K, D, E]
+    attn = {
+        "q_kernel": get(p + "self_attn.q_proj.weight").reshape(h, d, e).transpose(2, 0, 1),
+        "kv_kernel": kv_w.transpose(3, 0, 1, 2),
+        "o_kernel": get(p + "self_attn.o_proj.weight").reshape(e, h, d).transpose(1, 2, 0),
+    }
+    if config.qkv_bias:
+        attn["q_bias"] = get(p + "self_attn.q_proj.bias").reshape(h, d)
+        attn["kv_bias"] = np.stack([get(p + f"self_attn.{n}_proj.bias").reshape(k, d) for n in "kv"])
+    if config.qk_norm:
+        attn.update({f"{n}_norm": {"scale": get(p + f"self_attn.{n}_norm.weight")} for n in "qk"})
     return {
         "input_norm": {"scale": get(p + "input_layernorm.weight")},
         "post_attn_norm": {"scale": get(p + "post_attention_layernorm.weight")},
-        "attn": {
-            "q_kernel": get(p + "self_attn.q_proj.weight").reshape(h, d, e).transpose(2, 0, 1),
-            "q_bias": get(p + "self_attn.q_proj.bias").reshape(h, d),
-            "kv_kernel": kv_w.transpose(3, 0, 1, 2),
-            "kv_bias": np.stack(
-                [
-                    get(p + "self_attn.k_proj.bias").reshape(k, d),
-                    get(p + "self_attn.v_proj.bias").reshape(k, d),
-                ]
-            ),
-            "o_kernel": get(p + "self_attn.o_proj.weight").reshape(e, h, d).transpose(1, 2, 0),
-        },
+        "attn": attn,
         "mlp": {
             "gate_up_kernel": np.stack(
                 [get(p + "mlp.gate_proj.weight").T, get(p + "mlp.up_proj.weight").T], axis=1
@@ -112,20 +117,25 @@ def _layer_to_hf(config, layer: dict, i: int) -> dict[str, np.ndarray]:
     p = f"model.layers.{i}."
     a, m = layer["attn"], layer["mlp"]
     kv = a["kv_kernel"].transpose(1, 2, 3, 0)  # [2, K, D, E]
-    return {
+    out = {
         p + "input_layernorm.weight": layer["input_norm"]["scale"],
         p + "post_attention_layernorm.weight": layer["post_attn_norm"]["scale"],
         p + "self_attn.q_proj.weight": a["q_kernel"].transpose(1, 2, 0).reshape(h * d, e),
-        p + "self_attn.q_proj.bias": a["q_bias"].reshape(h * d),
         p + "self_attn.k_proj.weight": kv[0].reshape(k * d, e),
-        p + "self_attn.k_proj.bias": a["kv_bias"][0].reshape(k * d),
         p + "self_attn.v_proj.weight": kv[1].reshape(k * d, e),
-        p + "self_attn.v_proj.bias": a["kv_bias"][1].reshape(k * d),
         p + "self_attn.o_proj.weight": a["o_kernel"].transpose(2, 0, 1).reshape(e, h * d),
         p + "mlp.gate_proj.weight": m["gate_up_kernel"][:, 0].T,
         p + "mlp.up_proj.weight": m["gate_up_kernel"][:, 1].T,
         p + "mlp.down_proj.weight": m["down_kernel"].T,
     }
+    if config.qkv_bias:
+        out[p + "self_attn.q_proj.bias"] = a["q_bias"].reshape(h * d)
+        out.update(
+            {p + f"self_attn.{n}_proj.bias": a["kv_bias"][j].reshape(k * d) for j, n in enumerate("kv")}
+        )
+    if config.qk_norm:
+        out.update({p + f"self_attn.{n}_norm.weight": a[f"{n}_norm"]["scale"] for n in "qk"})
+    return out
 
 
 _ST_DTYPES = {
@@ -219,7 +229,8 @@ class _Reader:
 
 
 def load_hf(path: str, dtype=jnp.float32, shardings=None, config_overrides: dict | None = None):
-    """Load a transformers Qwen2 / Qwen2.5 checkpoint directory.
+    """Load a transformers Qwen2 / Qwen2.5 / Qwen3 checkpoint directory (the family from config.json's
+    `model_type`).
 
     Args:
       path: directory with config.json and model.safetensors (or shards + model.safetensors.index.json).
@@ -253,7 +264,7 @@ def load_hf(path: str, dtype=jnp.float32, shardings=None, config_overrides: dict
     if extra:
         raise CheckpointError(
             f"{path}: unexpected tensor(s) {extra[:5]}{' ...' if len(extra) > 5 else ''}"
-            f" not in a Qwen2 model of this config.json"
+            f" not in a {config.family} model of this config.json"
         )
 
     reader = _Reader(files)
@@ -295,7 +306,8 @@ def load_hf(path: str, dtype=jnp.float32, shardings=None, config_overrides: dict
 def save_hf(
     config: qwen2.Qwen2Config, params, path: str, dtype=None, max_shard_bytes: int = 5 * 1024**3
 ) -> None:
-    """Write a directory that transformers' `Qwen2ForCausalLM.from_pretrained` loads.
+    """Write a directory that transformers' `Qwen2ForCausalLM.from_pretrained` (`Qwen3ForCausalLM` for a
+    Qwen3 config) loads.
 
     dtype: None keeps the params' dtype; float32 or bfloat16 converts. Above `max_shard_bytes` the
     tensors are split into `model-0000i-of-0000n.safetensors` shards with an index file. Files are

@@ -1,4 +1,4 @@
-"""Qwen2 / Qwen2.5 decoder in Flax linen, with pure functions over a params pytree.
+"""Qwen2 / Qwen2.5 / Qwen3 decoder in Flax linen, with pure functions over a params pytree.
 
 One file holds the model (its attention in `models/attention.py`, its config and presets in
 `models/qwen2_config.py`, re-exported here: `qwen2.Qwen2Config`, `qwen2.preset`): modules with
@@ -18,8 +18,9 @@ on small models a decode step costs per op rather than per FLOP.
 
     embed/embedding          [V, E]        (vocab, embed)
     layers_i/input_norm/scale           [E]          (norm,)
-    layers_i/attn/q_kernel   [E, H, D]     (embed, heads, head_dim)         q_bias [H, D]
-    layers_i/attn/kv_kernel  [E, 2, K, D]  (embed, None, kv_heads, head_dim)  kv_bias [2, K, D]
+    layers_i/attn/q_kernel   [E, H, D]     (embed, heads, head_dim)         q_bias [H, D]        (Qwen2)
+    layers_i/attn/kv_kernel  [E, 2, K, D]  (embed, None, kv_heads, head_dim)  kv_bias [2, K, D]  (Qwen2)
+    layers_i/attn/{q,k}_norm/scale      [D]          (norm,)                                     (Qwen3)
     layers_i/attn/o_kernel   [H, D, E]     (heads, head_dim, embed)
     layers_i/post_attn_norm/scale       [E]
     layers_i/mlp/gate_up_kernel [E, 2, F]  (embed, None, mlp)
@@ -113,26 +114,28 @@ class Attention(nn.Module):
         cfg = self.config
         e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         init = nn.initializers.normal(0.02)
-        wq = _param(self, "q_kernel", (e, h, d), ("embed", "heads", "head_dim"), init, cfg.weight_dtype)
-        bq = _param(self, "q_bias", (h, d), ("heads", "head_dim"), nn.initializers.zeros, cfg.weight_dtype)
-        wkv = _param(
-            self, "kv_kernel", (e, 2, kvh, d), ("embed", None, "kv_heads", "head_dim"), init, cfg.weight_dtype
+        zeros, wdt = nn.initializers.zeros, cfg.weight_dtype
+        # created in this order so that a seed gives the same init as before Qwen3 (flax counts rng draws)
+        wq = _param(self, "q_kernel", (e, h, d), ("embed", "heads", "head_dim"), init, wdt)
+        bq = _param(self, "q_bias", (h, d), ("heads", "head_dim"), zeros, wdt) if cfg.qkv_bias else None
+        wkv = _param(self, "kv_kernel", (e, 2, kvh, d), ("embed", None, "kv_heads", "head_dim"), init, wdt)
+        bkv = (
+            _param(self, "kv_bias", (2, kvh, d), (None, "kv_heads", "head_dim"), zeros, wdt)
+            if cfg.qkv_bias
+            else None
         )
-        bkv = _param(
-            self,
-            "kv_bias",
-            (2, kvh, d),
-            (None, "kv_heads", "head_dim"),
-            nn.initializers.zeros,
-            cfg.weight_dtype,
-        )
-        wo = _param(self, "o_kernel", (h, d, e), ("heads", "head_dim", "embed"), init, cfg.weight_dtype)
+        wo = _param(self, "o_kernel", (h, d, e), ("heads", "head_dim", "embed"), init, wdt)
         dt = cfg.compute_dtype
-        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt)) + bq.astype(dt)
-        kv = jnp.einsum("bte,ejkd->btjkd", x, wkv.astype(dt)) + bkv.astype(dt)
+        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt))
+        kv = jnp.einsum("bte,ejkd->btjkd", x, wkv.astype(dt))
+        if cfg.qkv_bias:  # Qwen2
+            q, kv = q + bq.astype(dt), kv + bkv.astype(dt)
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        if cfg.qk_norm:  # Qwen3: each head's q and k RMS-normalised over head_dim, before RoPE
+            q, k = RMSNorm(cfg, name="q_norm")(q), RMSNorm(cfg, name="k_norm")(k)
         q = _constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
-        k = _constrain(apply_rope(kv[:, :, 0], cos, sin), ("batch", "length", "kv_heads", "head_dim"))
-        v = _constrain(kv[:, :, 1], ("batch", "length", "kv_heads", "head_dim"))
+        k = _constrain(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"))
+        v = _constrain(v, ("batch", "length", "kv_heads", "head_dim"))
         k_all, v_all, new_kv = kv_write(k, v)
         out = attend(q, k_all, v_all, mask, cfg.attention_chunk)
         # one [B*T, H*D] x [H*D, E] matmul: contracting (h, d) as two axes made XLA:CPU transpose the

@@ -3,7 +3,9 @@
 A build writes into `<out>.partial/` and swaps it in with renames at the end; `recover(out)` undoes
 a swap cut between its two renames. A dense build keeps its passage embeddings in
 `<out>.partial/embeddings.npy` (4*d bytes/passage on disk) with a progress file, so rerunning the
-same command continues encoding from the last finished batch.
+same command continues encoding from the last finished batch. The commands call `claim_out(out)` first: `out`
+and its `.partial` / `.old` siblings must be absent, empty or this project's (`files.claim_output_dir`), so a
+user's directory or file is never replaced.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import sys
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxsearch.files import atomic_write_text
+from jaxsearch.files import atomic_write_text, claim_output_dir, mark
 from jaxsearch.retrieval.bm25 import Analyzer, BM25Retriever
 from jaxsearch.retrieval.corpus import Corpus
 from jaxsearch.retrieval.dense import DenseRetriever, fill_index, new_index
@@ -29,21 +31,38 @@ MEMORY = """dense build: passage embeddings go to disk in <out>.partial/embeddin
 filled (see the kinds above) and one encoder batch."""
 
 
+# what builds wrote before the marker file (files.MARKER): an index or hypergraph (meta.json), a dense build's
+# encoding in progress, a hypergraph build's job (hypergraph_build.JOB_FILE)
+INDEX_LAYOUTS = (("meta.json",), (PROGRESS_FILE,), ("job.json",))
+
+
 def partial_dir(out: str) -> str:
     return out.rstrip("/") + ".partial"
 
 
+def old_dir(out: str) -> str:
+    return out.rstrip("/") + ".old"
+
+
+def claim_out(out: str, inputs: tuple[str, ...] = (), flag: str = "--out") -> None:
+    """Before any work: `out` and its `.partial` / `.old` siblings must be absent, empty or written by this
+    project, and no input inside them (`files.OutputDirError` otherwise)."""
+    for path in (out, partial_dir(out), old_dir(out)):
+        claim_output_dir(path, flag, legacy=INDEX_LAYOUTS, inputs=inputs, create=False)
+
+
 def recover(out: str) -> None:
     """If a swap was cut after moving the old index aside, put the old index back."""
-    old = out.rstrip("/") + ".old"
+    old = old_dir(out)
     if not os.path.exists(out) and os.path.exists(old):
         os.rename(old, out)
 
 
 def commit(tmp: str, out: str) -> None:
-    """Replace `out` by the finished build `tmp` (rename old aside, rename new in, delete old)."""
+    """Replace `out` by the finished build `tmp` (marked as ours; rename old aside, rename new in, delete old)."""
+    mark(tmp)
     recover(out)
-    old = out.rstrip("/") + ".old"
+    old = old_dir(out)
     if os.path.exists(old):
         shutil.rmtree(old)
     if os.path.exists(out):
@@ -71,6 +90,7 @@ def encode_corpus(corpus: Corpus, encoder: Encoder, workdir: str, batch_size: in
         emb = np.load(emb_path, mmap_mode="r+")
     else:
         os.makedirs(workdir, exist_ok=True)
+        mark(workdir)
         emb = np.lib.format.open_memmap(emb_path, mode="w+", dtype=np.float32, shape=(len(corpus), encoder.dim))
     with tqdm(total=len(corpus), initial=done, desc="encode passages", unit="doc", disable=not progress) as bar:
         for batch in corpus.iter_batches(batch_size, start=done):
@@ -87,6 +107,8 @@ def build_bm25(corpus: Corpus, out: str, k1: float = 0.9, b: float = 0.4, analyz
     """Build a BM25 index of `corpus` into directory `out` (analyzer None: Pyserini's default, recorded)."""
     tmp = partial_dir(out)
     shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    mark(tmp)  # a build killed mid-save leaves a directory that the next one may replace
     BM25Retriever.build(corpus, k1=k1, b=b, analyzer=analyzer, progress=progress).save(tmp)
     commit(tmp, out)
 

@@ -6,6 +6,8 @@ Documents may come with or without `id` (Search-R1's Pyserini server on a `--sto
 """
 from __future__ import annotations
 
+import json
+import random
 import time
 
 import httpx
@@ -15,7 +17,11 @@ from jaxsearch.retrieval.corpus import CorpusError, doc_from_dict
 
 
 class RetrieverUnavailable(RuntimeError):
-    """The server did not answer (connection errors, timeouts or 5xx) through every retry."""
+    """The server did not answer (connection errors, timeouts or 5xx) within the search call's deadline."""
+
+
+class _AttemptTimeout(Exception):
+    """An attempt's response kept coming past the attempt's time."""
 
 
 def parse_response(body: object, num_queries: int, where: str) -> list[list[Doc]]:
@@ -40,42 +46,76 @@ def parse_response(body: object, num_queries: int, where: str) -> list[list[Doc]
     return out
 
 
-class RemoteRetriever:
-    """`search(queries, k)` over HTTP, retrying connection errors, timeouts and 5xx with backoff.
+# Config keys that bound a search call, named in the error (configs/base.py; `RetrieverConfig`)
+DEADLINE_KEYS = "config.retriever.deadline_s / config.retriever.attempt_timeout_s"
 
-    Waits at most about `backoff * (2**retries - 1)` seconds (capped per wait at `max_backoff`)
-    before raising `RetrieverUnavailable`; a 4xx is not retried and raises ValueError.
+
+class RemoteRetriever:
+    """`search(queries, k)` over HTTP, retrying connection errors, timeouts and 5xx until a deadline.
+
+    A search call gives up after `deadline_s` seconds in all, raising `RetrieverUnavailable` (naming the URL,
+    the attempts, the time spent and the config keys to change); each attempt after `attempt_timeout_s` (or
+    what is left of the deadline), the whole response included. Between attempts it waits with exponential
+    back-off and jitter: attempt n waits a random time in [c/2, c], c = min(max_backoff, backoff * 2**(n-1)),
+    so that clients that failed together do not retry together. `retries`: at most this many retries (None:
+    as many as the deadline allows). A 4xx is not retried and raises ValueError.
+
+    In training the error ends the run (rl/trainer.py): nothing hangs, and the checkpoints already written
+    are kept, so the same command resumes from the last one once the server answers again.
     """
 
-    def __init__(self, url: str, timeout: float = 60.0, retries: int = 6, backoff: float = 0.5,
-                 max_backoff: float = 8.0):
+    def __init__(self, url: str, deadline_s: float = 30.0, attempt_timeout_s: float = 15.0,
+                 backoff: float = 0.25, max_backoff: float = 4.0, retries: int | None = None):
+        for name, value in (("deadline_s", deadline_s), ("attempt_timeout_s", attempt_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"config.retriever.{name} must be > 0 seconds, got {value!r}")
         url = url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
-        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self._http = httpx.Client(timeout=timeout)
+        self.deadline_s, self.attempt_timeout_s = float(deadline_s), float(attempt_timeout_s)
+        self.backoff, self.max_backoff, self.retries = backoff, max_backoff, retries
+        self._random = random.Random()
+        self._http = httpx.Client()
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
         if not queries:
             return []
         payload = {"queries": list(queries), "topk": int(k), "return_scores": True}
-        start, error = time.monotonic(), ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+        start = time.monotonic()
+        end, attempts, error = start + self.deadline_s, 0, ""
+        while True:
+            attempts += 1
             try:
-                response = self._http.post(self.url, json=payload)
-            except httpx.TransportError as e:
+                status, body = self._attempt(payload, min(self.attempt_timeout_s, end - time.monotonic()))
+            except (httpx.TransportError, _AttemptTimeout) as e:
                 error = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code >= 500:
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-                continue
-            if response.status_code >= 400:
-                raise ValueError(f"{self.url} rejected the request (HTTP {response.status_code}): {response.text[:500]}")
-            return parse_response(response.json(), len(queries), self.url)
-        raise RetrieverUnavailable(f"retrieval server {self.url} is down: {self.retries + 1} attempts over "
-                                   f"{time.monotonic() - start:.1f}s failed; last error: {error}. "
-                                   "Start it with `python launch/serve_retriever.py ...` or check --search-url.")
+            else:
+                if status < 400:
+                    return parse_response(json.loads(body), len(queries), self.url)
+                text = body[:500].decode("utf-8", "replace")
+                if status < 500:
+                    raise ValueError(f"{self.url} rejected the request (HTTP {status}): {text}")
+                error = f"HTTP {status}: {text[:200]}"
+            cap = min(self.max_backoff, self.backoff * 2 ** (attempts - 1))
+            wait = self._random.uniform(cap / 2, cap)
+            if (self.retries is not None and attempts > self.retries) or time.monotonic() + wait >= end - 0.01:
+                break
+            time.sleep(wait)
+        raise RetrieverUnavailable(
+            f"retrieval server {self.url} is down: {attempts} attempts over {time.monotonic() - start:.1f}s failed "
+            f"(deadline {self.deadline_s:g}s per search, {self.attempt_timeout_s:g}s per attempt); last error: "
+            f"{error}. Start it (`python launch/serve_retriever.py ...`) or fix config.retriever.url; to wait "
+            f"longer raise {DEADLINE_KEYS} (e.g. --config.retriever.deadline_s=120)")
+
+    def _attempt(self, payload: dict, timeout: float) -> tuple[int, bytes]:
+        """(status, body) of one POST, within `timeout` seconds in all (httpx's own timeout is per operation)."""
+        end = time.monotonic() + timeout
+        with self._http.stream("POST", self.url, json=payload, timeout=timeout) as response:
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > end:
+                    raise _AttemptTimeout(f"the response took over {timeout:.1f}s")
+            return response.status_code, b"".join(chunks)
 
     def close(self) -> None:
         self._http.close()

@@ -40,7 +40,8 @@ def get_advantage_fn(name: str) -> Callable:
 def grpo_advantages(
     rewards: jax.Array, group_size: int, normalize_std: bool = True, eps: float = 1e-6
 ) -> jax.Array:
-    """Group-relative advantages: (r - group mean) / (group std + eps). rewards [N] -> [N].
+    """Group-relative advantages: (r - group mean) / (group std + eps). rewards [N] -> [N]. Also DAPO's
+    (arXiv 2503.14476 Eq. 9) and GSPO's (arXiv 2507.18071 Eq. 6) advantage.
 
     The std is the unbiased one (ddof=1, as torch.std in veRL). `normalize_std=False` is Dr.GRPO
     (centering only). A group whose rewards are all equal gets exactly 0, never NaN.
@@ -61,7 +62,9 @@ def grpo_advantages(
 
 @register_advantage("dr_grpo")
 def dr_grpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
-    """Dr.GRPO: group-mean centering without std scaling. rewards [N] -> [N]."""
+    """Dr.GRPO: A_i = r_i - mean(r of the group), without std scaling (Liu et al. 2025, arXiv 2503.20783
+    §3.2: the std division weights questions by their reward spread). rewards [N] -> [N]. Its loss drops the
+    per-sequence length normalisation too: `losses.agg_loss` mode "seq-mean-token-sum-norm"."""
     return grpo_advantages(rewards, group_size, normalize_std=False)
 
 

@@ -3,7 +3,7 @@
     algo = make_algorithm(cfg, model_config, mesh)       # cfg.algo.advantage: "gae" -> PPO, else GRPO
     state = algo.init_state(params)                      # {"policy": TrainState[, "critic": TrainState]}
     params = algo.decode_params(state)                   # the policy as the sampler reads it
-    state, metrics = algo.step(state, traj, scores, timer)   # prepare, then update:
+    state, metrics = algo.step(state, traj, scores, timer)   # overlong shaping, prepare, then update:
     batches = algo.prepare(state, traj, scores, timer)   # mini-batches: padded rows, log-probs, advantages
     state, metrics = algo.update(state, batches)         # ppo_epochs x mini_batches jitted updates
 
@@ -11,6 +11,11 @@
 (its params are kept by the algorithm), and for PPO the critic's values, the outcome token rewards (minus the
 KL penalty when `algo.kl_in_reward`) and GAE; GRPO normalises the scores within each group. Each jitted
 function is built once for [rows / mini_batches, width] batches (`update_functions`).
+
+DAPO, Dr.GRPO and GSPO are GRPO with other settings (configs/tiny_cpu_{dapo,drgrpo,gspo}.py): the clip bounds
+(`algo.clip_eps_low/high`), the aggregation (`algo.agg_mode`, with Dr.GRPO's constant `max_policy_tokens`),
+the estimator (`dr_grpo`), the loss (`gspo`), DAPO's overlong shaping of the scores (`overlong_shaping`) and
+its dynamic sampling, which the trainer runs (rl/dynamic_sampling.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,19 @@ from jaxsearch.config import RunConfig
 from jaxsearch.models.sharding import to_decode_layout
 from jaxsearch.rl import advantages as adv_lib
 from jaxsearch.rl import train_step as ts
+from jaxsearch.scoring import rewards as rewards_lib
+
+
+def max_policy_tokens(cfg) -> int:
+    """The most tokens the policy can write in one row: max_turns + 1 segments of max_segment_tokens, within
+    cache_len. Dr.GRPO's constant loss normaliser and DAPO's L_max unless the config sets them."""
+    r = cfg.rollout
+    return min(r.cache_len, (r.max_turns + 1) * r.max_segment_tokens)
+
+
+def overlong_max_tokens(cfg) -> int:
+    """DAPO's L_max: algo.overlong_max_tokens, else `max_policy_tokens`."""
+    return cfg.algo.overlong_max_tokens or max_policy_tokens(cfg)
 
 
 def loss_config(cfg) -> ts.LossConfig:
@@ -34,7 +52,12 @@ def loss_config(cfg) -> ts.LossConfig:
     return ts.LossConfig(
         policy_loss=a.policy_loss,
         clip_eps=a.clip_eps,
+        clip_eps_low=a.clip_eps_low,
+        clip_eps_high=a.clip_eps_high,
         agg_mode=a.agg_mode,
+        agg_norm=float(a.loss_norm_tokens or max_policy_tokens(cfg))
+        if a.agg_mode == "seq-mean-token-sum-norm"
+        else None,
         kl_coef=a.kl_coef,
         kl_kind=a.kl_kind,
         entropy_coef=a.entropy_coef,
@@ -90,12 +113,51 @@ def example_batch(rows: int, width: int, ppo: bool, critic: bool = False) -> dic
         ref_logprobs=zeros(np.float32),
     )
     if critic:
-        batch.update(old_values=zeros(np.float32), returns=zeros(np.float32))
+        batch.update(old_values=zeros(np.float32), returns=zeros(np.float32), value_mask=zeros(np.int32))
     return batch
 
 
+def gae_batch(algo, scores, values, attn, lmask, old, ref) -> dict:
+    """PPO's update arrays from a rollout's [B] scores and the critic's [B, T] values, over `algo.gae_tokens`
+    (all response tokens, or the policy's): the outcome reward on each row's last such token (Search-R1's
+    reward manager: reward_tensor[i, valid_response_length - 1]) minus `kl_in_reward` x (old - ref) on the
+    policy's tokens (ray_trainer.py apply_kl_penalty over info_mask), GAE whitened over those tokens, the
+    returns, and the mask the critic learns on."""
+    gae_mask = response_mask(attn, lmask) if algo.gae_tokens == "response" else lmask
+    token_rewards = outcome_token_rewards(scores, gae_mask)
+    if algo.kl_in_reward:
+        token_rewards -= algo.kl_in_reward * (old - ref) * lmask
+    advantages, returns = adv_lib.gae_advantages(
+        jnp.asarray(token_rewards), jnp.asarray(values), jnp.asarray(gae_mask), algo.gamma, algo.lam
+    )
+    return {
+        "advantages": np.asarray(advantages),
+        "old_values": values,
+        "returns": np.asarray(returns),
+        "value_mask": gae_mask.astype(lmask.dtype),
+    }
+
+
+def response_mask(attention_mask: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """[B, T] 1 on every response token (from the policy's first token on, retrieved tokens included, not
+    padding): the mask of veRL's `compute_advantage` (ray_trainer.py: attention_mask[:, -response_length:])."""
+    first = np.where(loss_mask.any(axis=1), loss_mask.argmax(axis=1), loss_mask.shape[1])
+    return attention_mask * (np.arange(loss_mask.shape[1])[None, :] >= first[:, None])
+
+
+def overlong_shaping(cfg, traj: Trajectories, scores: np.ndarray) -> tuple[np.ndarray, dict]:
+    """DAPO's soft overlong punishment added to the [B] scores when `algo.overlong_buffer` is set (L_cache;
+    L_max is algo.overlong_max_tokens or `max_policy_tokens`), the length being the policy's tokens per row
+    (retrieved text excluded) -> (scores, {"overlong_penalty": its mean}); else the scores unchanged, {}."""
+    buffer = cfg.algo.overlong_buffer
+    if buffer is None:
+        return scores, {}
+    penalty = rewards_lib.overlong_penalty(traj.loss_mask.sum(axis=1), overlong_max_tokens(cfg), buffer)
+    return (scores + penalty).astype(np.float32), {"overlong_penalty": float(penalty.mean())}
+
+
 def outcome_token_rewards(scores: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
-    """[B, T] rewards: each row's score on its last policy token, 0 elsewhere (the outcome reward of PPO)."""
+    """[B, T] rewards: each row's score on its last mask-1 token, 0 elsewhere (the outcome reward of PPO)."""
     out = np.zeros(loss_mask.shape, np.float32)
     last = loss_mask.shape[1] - 1 - np.argmax(loss_mask[:, ::-1], axis=1)
     has = loss_mask.any(axis=1)
@@ -111,7 +173,8 @@ def update_width(attention_mask: np.ndarray, cache_len: int, multiple: int) -> i
 
 
 class GRPO:
-    """Group-normalised outcome advantages (cfg.algo.advantage: grpo, drgrpo, ...), a policy update only."""
+    """Group-normalised outcome advantages (cfg.algo.advantage: grpo, dr_grpo, ...), a policy update only:
+    also DAPO, Dr.GRPO and GSPO, which differ in the loss, the clip bounds and the scores (configs/tiny_cpu_*)."""
 
     ppo = False
 
@@ -121,6 +184,18 @@ class GRPO:
         self.rows = mini_batch_rows(cfg)
         self.ref_params = None
         self.loss_config = loss_config(cfg)
+        buffer, longest = cfg.algo.overlong_buffer, overlong_max_tokens(cfg)
+        if buffer is not None and buffer >= longest:
+            raise ValueError(
+                f"config.algo.overlong_buffer={buffer} (L_cache) must be below L_max = {longest} "
+                f"(algo.overlong_max_tokens, else min(rollout.cache_len, (rollout.max_turns + 1) * "
+                f"rollout.max_segment_tokens))"
+            )
+        if cfg.algo.dynamic_sampling and cfg.data.group_size < 2:
+            raise ValueError(
+                f"config.algo.dynamic_sampling drops groups of equal rewards: it needs data.group_size >= 2, "
+                f"got {cfg.data.group_size}"
+            )
 
     def init_state(self, params) -> dict:
         """The trained state from the initial policy; keeps a frozen reference copy when a KL term needs it
@@ -155,11 +230,14 @@ class GRPO:
         return to_decode_layout(self.model_config, state["policy"].params, self.mesh, layout)
 
     def step(self, state, traj: Trajectories, scores: np.ndarray, timer) -> tuple[dict, dict]:
-        """One RL update from a rollout and its [B] scores: the update batches (`prepare`: old and reference
-        log-probs, advantages), then `update` (timed as "update") -> (state, metrics)."""
+        """One RL update from a rollout and its [B] scores: DAPO's overlong shaping where configured, the update
+        batches (`prepare`: old and reference log-probs, advantages), then `update` (timed as "update")
+        -> (state, metrics)."""
+        scores, shaping = overlong_shaping(self.cfg, traj, scores)
         batches = self.prepare(state, traj, scores, timer)
         with timer("update"):
-            return self.update(state, batches)
+            state, metrics = self.update(state, batches)
+        return state, dict(metrics, **shaping)
 
     def slices(self) -> list[slice]:
         n = self.cfg.algo.mini_batches
@@ -202,7 +280,7 @@ class GRPO:
         return state, metrics
 
     def _update_one(self, state, batch) -> dict:
-        policy_batch = {k: v for k, v in batch.items() if k not in ("old_values", "returns")}
+        policy_batch = {k: v for k, v in batch.items() if k not in ("old_values", "returns", "value_mask")}
         state["policy"], m = self.update_policy(state["policy"], policy_batch)
         return m
 
@@ -237,17 +315,12 @@ class PPO(GRPO):
         a = self.cfg.algo
         with timer("values"):
             values = self._per_mini_batch(self.values, state["critic"].params, tokens, attn)
-        token_rewards = outcome_token_rewards(scores, lmask)
-        if a.kl_in_reward:
-            token_rewards -= a.kl_in_reward * (old - ref) * lmask
-        advantages, returns = adv_lib.gae_advantages(
-            jnp.asarray(token_rewards), jnp.asarray(values), jnp.asarray(lmask), a.gamma, a.lam
-        )
-        return {"advantages": np.asarray(advantages), "old_values": values, "returns": np.asarray(returns)}
+        return gae_batch(a, scores, values, attn, lmask, old, ref)
 
     def _update_one(self, state, batch) -> dict:
         m = super()._update_one(state, batch)
-        state["critic"], critic_m = self.update_critic(state["critic"], batch)
+        critic_batch = dict(batch, loss_mask=batch["value_mask"])  # the critic learns where GAE ran
+        state["critic"], critic_m = self.update_critic(state["critic"], critic_batch)
         return dict(m, **{f"critic/{k}": v for k, v in critic_m.items()})
 
 

@@ -4,8 +4,9 @@ All per-token inputs are [B, T] aligned with `loss_mask` [B, T] (1 on tokens the
 prompt, retrieved observations and padding); only mask-1 tokens count, in losses and statistics.
 Keyword options (clip bounds, aggregation mode, KL kind) are static: bind them before `jax.jit`.
 
-    agg_loss(loss_mat, loss_mask, mode)                           -> scalar
+    agg_loss(loss_mat, loss_mask, mode, norm)                     -> scalar
     ppo_policy_loss(logp, old_logp, advantages, loss_mask, ...)   -> (loss, stats)   (POLICY_LOSSES["ppo"])
+    gspo_policy_loss(logp, old_logp, advantages, loss_mask, ...)  -> (loss, stats)   (POLICY_LOSSES["gspo"])
     kl_penalty(logp, ref_logp, kind)                              -> [B, T]
     entropy_from_logits(logits [B, T, V])                         -> [B, T]
     value_loss(values, old_values, returns, loss_mask, ...)       -> (loss, stats)
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 from jaxsearch.registry import Registry
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
@@ -47,12 +48,18 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def agg_loss(loss_mat: jax.Array, loss_mask: jax.Array, mode: str = "token-mean") -> jax.Array:
+def agg_loss(
+    loss_mat: jax.Array, loss_mask: jax.Array, mode: str = "token-mean", norm: float | None = None
+) -> jax.Array:
     """Aggregate a [B, T] loss over mask-1 tokens into a scalar (veRL's `agg_loss` modes).
 
-    token-mean:           sum over all mask-1 tokens / their count.
-    seq-mean-token-sum:   per-row sum, then mean over rows.
-    seq-mean-token-mean:  per-row mean, then mean over rows.
+    token-mean:               sum over all mask-1 tokens / their count (DAPO's token-level loss, Eq. 12
+                              of arXiv 2503.14476).
+    seq-mean-token-sum:       per-row sum, then mean over rows.
+    seq-mean-token-mean:      per-row mean, then mean over rows (GRPO's 1/G sum_i 1/|o_i| sum_t; GSPO's).
+    seq-mean-token-sum-norm:  per-row sum / `norm` (a constant: the most tokens a row can generate), then
+                              mean over rows: Dr.GRPO's loss without per-sequence length normalisation
+                              (arXiv 2503.20783 §3.2 and its Listing 1, `masked_sum(..) / MAX_TOKENS`).
     The seq-mean modes average over rows with at least one mask-1 token, so batch-padding rows
     (static shapes) change nothing.
     """
@@ -65,6 +72,10 @@ def agg_loss(loss_mat: jax.Array, loss_mask: jax.Array, mode: str = "token-mean"
         row_loss = row_sum
     elif mode == "seq-mean-token-mean":
         row_loss = row_sum / jnp.maximum(row_count, 1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        if norm is None or norm <= 0:
+            raise ValueError(f"agg mode {mode!r} needs a constant norm > 0 (tokens), got {norm}")
+        row_loss = row_sum / norm
     else:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {AGG_MODES}")
     return masked_mean(row_loss, row_count > 0)
@@ -82,12 +93,13 @@ def ppo_policy_loss(
     clip_eps_high: float | None = None,
     dual_clip_c: float | None = None,
     agg_mode: str = "token-mean",
+    agg_norm: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped PPO surrogate. logp, old_logp, loss_mask [B, T]; advantages [B, T] or [B] (per sequence).
 
     ratio = exp(logp - old_logp) (log-ratio clamped to [-20, 20]); per token
     loss = max(-A * ratio, -A * clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high)), the low/high
-    bounds defaulting to clip_eps (DAPO's clip-higher sets them apart). With `dual_clip_c` (> 1),
+    bounds defaulting to clip_eps (DAPO's clip-higher sets them apart: Eq. 10 of arXiv 2503.14476). With `dual_clip_c` (> 1),
     tokens with A < 0 are further bounded by -A * dual_clip_c (Ye et al. 2020, veRL's clip_ratio_c).
     Returns (loss, stats); stats are masked means, without gradient: clip_frac (the clipped branch
     is active), clip_frac_lower (dual clip active), approx_kl (mean old_logp - logp), ratio_mean,
@@ -115,13 +127,64 @@ def ppo_policy_loss(
         per_token = jnp.where(advantages < 0, jnp.minimum(per_token, lower_bound), per_token)
         clip_frac_lower = masked_mean(dual_active.astype(logp.dtype), mask)
 
-    loss = agg_loss(per_token, mask, agg_mode)
+    loss = agg_loss(per_token, mask, agg_mode, agg_norm)
     stats = {
         "clip_frac": clip_frac,
         "clip_frac_lower": clip_frac_lower,
         "approx_kl": masked_mean(-log_ratio, mask),
         "ratio_mean": masked_mean(ratio, mask),
         "ratio_max": jnp.max(jnp.where(mask > 0, ratio, 0.0)),
+    }
+    return loss, jax.lax.stop_gradient(stats)
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_low: float | None = None,
+    clip_eps_high: float | None = None,
+    dual_clip_c: float | None = None,
+    agg_mode: str = "seq-mean-token-mean",
+    agg_norm: float | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GSPO's sequence-level clipped surrogate (Zheng et al. 2025, arXiv 2507.18071, Eqs. 5 and 7).
+    logp, old_logp, loss_mask [B, T]; advantages [B] (one per sequence, GRPO's group-normalised reward).
+
+    s_i = (pi(y_i) / pi_old(y_i))^(1 / |y_i|) = exp(mean over row i's mask-1 tokens of logp - old_logp),
+    the log clamped to [-20, 20]; row loss = max(-A_i s_i, -A_i clip(s_i, 1 - clip_eps_low,
+    1 + clip_eps_high)), spread over the row's tokens and aggregated by `agg_mode`: the paper's
+    1/G sum_i is "seq-mean-token-mean" (every token of a row carries the row's loss). The paper's clip
+    ranges are 3e-4 / 4e-4 (§5.1). Only mask-1 tokens (what the policy wrote: never retrieved text) enter
+    |y_i| and the ratio. Stats as `ppo_policy_loss`'s, over rows: clip_frac is the share of clipped
+    sequences, ratio_mean / ratio_max are of s_i.
+    """
+    if dual_clip_c is not None:
+        raise ValueError("gspo has no dual clip: leave dual_clip_c unset")
+    if advantages.ndim != 1:
+        raise ValueError(f"gspo takes one advantage per sequence, [B]; got shape {advantages.shape}")
+    low = clip_eps if clip_eps_low is None else clip_eps_low
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    mask = loss_mask.astype(logp.dtype)
+    count = mask.sum(axis=-1)
+    token_log_ratio = logp - old_logp
+    seq_log_ratio = (token_log_ratio * mask).sum(axis=-1) / jnp.maximum(count, 1.0)
+    ratio = jnp.exp(jnp.clip(seq_log_ratio, -20.0, 20.0))  # [B]
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - low, 1.0 + high)
+    per_row = jnp.maximum(unclipped, clipped)
+    loss = agg_loss(jnp.broadcast_to(per_row[:, None], logp.shape), mask, agg_mode, agg_norm)
+    rows = (count > 0).astype(logp.dtype)
+    stats = {
+        "clip_frac": masked_mean((clipped > unclipped).astype(logp.dtype), rows),
+        "clip_frac_lower": jnp.zeros((), logp.dtype),
+        "approx_kl": masked_mean(-token_log_ratio, mask),
+        "ratio_mean": masked_mean(ratio, rows),
+        "ratio_max": jnp.max(jnp.where(rows > 0, ratio, 0.0)),
     }
     return loss, jax.lax.stop_gradient(stats)
 

@@ -40,6 +40,7 @@ class LossConfig:
     clip_eps_high: float | None = None
     dual_clip_c: float | None = None
     agg_mode: str = "token-mean"
+    agg_norm: float | None = None  # agg_mode seq-mean-token-sum-norm's constant (Dr.GRPO)
     kl_coef: float = 0.001  # KL as a loss; 0 switches it off (KL as a reward penalty is the trainer's)
     kl_kind: str = "low_var_kl"
     entropy_coef: float = 0.0
@@ -154,13 +155,13 @@ def policy_loss(config: qwen2.Qwen2Config, loss_cfg: LossConfig, params, batch):
         clip_eps_high=loss_cfg.clip_eps_high,
         dual_clip_c=loss_cfg.dual_clip_c,
         agg_mode=loss_cfg.agg_mode,
+        agg_norm=loss_cfg.agg_norm,
     )
+    agg = functools.partial(losses.agg_loss, mode=loss_cfg.agg_mode, norm=loss_cfg.agg_norm)
     loss = pg_loss
-    stats = dict(stats, pg_loss=pg_loss, entropy=losses.agg_loss(entropy, mask, loss_cfg.agg_mode))
+    stats = dict(stats, pg_loss=pg_loss, entropy=agg(entropy, mask))
     if loss_cfg.kl_coef:
-        kl = losses.agg_loss(
-            losses.kl_penalty(logp, batch["ref_logprobs"], loss_cfg.kl_kind), mask, loss_cfg.agg_mode
-        )
+        kl = agg(losses.kl_penalty(logp, batch["ref_logprobs"], loss_cfg.kl_kind), mask)
         loss = loss + loss_cfg.kl_coef * kl
         stats["kl"] = kl
     if loss_cfg.entropy_coef:

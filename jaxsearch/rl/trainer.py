@@ -11,8 +11,10 @@ reaches `total_steps` also writes the final policy to `workdir/params` (`orbax_i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sys
 
 import jax
 from tqdm import tqdm
@@ -25,12 +27,14 @@ from jaxsearch.data import qa
 from jaxsearch.scoring.episodes import heldout_metrics, score_rollout
 from jaxsearch.agent.policy import load_policy
 from jaxsearch.scoring import judge as judge_lib
+from jaxsearch.rl import dynamic_sampling
 from jaxsearch.rl.algorithms import make_algorithm
 from jaxsearch.rl.step_log import MetricWriter, StepTimer
+from jaxsearch.retrieval.client import RetrieverUnavailable
 
 log = logging.getLogger("jaxsearch.trainer")
 
-ROLLOUT_STREAM, EVAL_STREAM = 0, 1  # independent PRNG streams of the seed
+ROLLOUT_STREAM, EVAL_STREAM, REFILL_STREAM = 0, 1, 2  # independent PRNG streams of the seed
 
 
 def step_key(seed: int, stream: int, step: int) -> jax.Array:
@@ -62,7 +66,22 @@ def resolve_total_steps(cfg: RunConfig, train_examples: int) -> RunConfig:
 
 
 def train(cfg, workdir: str, progress: bool = True) -> dict:
-    """Run (or resume) GRPO / PPO training; returns the last step's metrics."""
+    """Run (or resume) GRPO / PPO training; returns the last step's metrics.
+
+    A retrieval server that stays down past config.retriever.deadline_s (retrieval/client.py) stops the run:
+    RetrieverUnavailable, its message naming the newest checkpoint on disk, which the same command resumes
+    from. Skipping the step's batch instead would silently change the data order a resume reproduces."""
+    try:
+        return _train(cfg, workdir, progress)
+    except RetrieverUnavailable as e:
+        directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
+        kept = f"step {steps[-1]} ({directory}/{steps[-1]})" if steps else "none yet (the run restarts from step 0)"
+        raise RetrieverUnavailable(f"{e}\ntraining stopped; the newest checkpoint kept: {kept}; rerun the same "
+                                   "command to resume from it") from e
+
+
+def _train(cfg, workdir: str, progress: bool) -> dict:
     cfg = RunConfig.from_dict(cfg)
     d = cfg.data
     train_examples = qa.load_examples(d.train)
@@ -92,12 +111,27 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
     if restored is not None:
         start, state, meta = restored
         iterator.restore(meta["iterator"])
-        log.info("resumed from step %d", start)
+        if jax.process_index() == 0:  # shown at any log level: which checkpoint this run continues
+            print(f"resumed from step {start} (checkpoint {os.path.join(ckpt.directory, str(start))})",
+                  file=sys.stderr, flush=True)
     writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
     writer.drop_after(start)
     preempted = checkpoint.install_sigterm_handler()
     if start == 0 and held_out:
         writer.write(0, evaluate(0))
+
+    def draw(timer, params, step: int, attempt: int):
+        """The next questions rolled out and scored -> (traj, scores, metrics); attempt > 0 is dynamic sampling
+        drawing again, its key on a stream of its own (row i of a rollout samples with fold_in(key, i))."""
+        examples = next(iterator)
+        key = step_key(cfg.seed, ROLLOUT_STREAM, step)
+        if attempt:
+            key = jax.random.fold_in(step_key(cfg.seed, REFILL_STREAM, step), attempt)
+        with timer("rollout"):  # agent/engine.py
+            traj = engine.rollout_examples(params, examples, key, cfg.protocol.data_prompt)
+        with timer("reward"):  # scoring/episodes.py
+            scores, episode_metrics = score_rollout(reward_fn, traj, examples)
+        return traj, scores, episode_metrics
 
     # --- the loop
     last, stop = {}, False
@@ -106,12 +140,13 @@ def train(cfg, workdir: str, progress: bool = True) -> dict:
                disable=not progress or jax.process_index() != 0)  # fmt: skip
     for step in bar:
         timer, done = StepTimer(), step + 1
-        examples, position = next(iterator), iterator.state()
-        with timer("rollout"):  # agent/engine.py
-            key = step_key(cfg.seed, ROLLOUT_STREAM, step)
-            traj = engine.rollout_examples(algo.decode_params(state), examples, key, cfg.protocol.data_prompt)
-        with timer("reward"):  # scoring/episodes.py
-            scores, episode_metrics = score_rollout(reward_fn, traj, examples)
+        with timer("rollout"):
+            sample = functools.partial(draw, timer, algo.decode_params(state), step)
+        if cfg.algo.dynamic_sampling:  # rl/dynamic_sampling.py: DAPO's drawing until groups differ in reward
+            traj, scores, episode_metrics = dynamic_sampling.collect(sample, d.batch_size, d.group_size, cfg.algo.max_draws)  # fmt: skip
+        else:
+            traj, scores, episode_metrics = sample(0)
+        position = iterator.state()
         state, metrics = algo.step(state, traj, scores, timer)  # rl/algorithms.py: old_logprobs ... update
         metrics.update(episode_metrics)
         metrics.update({f"time/rollout/{k}_s": v for k, v in traj.timings.items()})  # within time/rollout_s

@@ -7,9 +7,11 @@ collapse whitespace) and takes the max over the golden answers, which may be one
     sub_exact_match(prediction, golden_answers)  1.0 if a normalized golden answer is a substring
     f1_score(prediction, golden_answers)         token-level F1 (FlashRAG's yes/no/noanswer rule)
     answer_in_text(text, golden_answers)         retrieval-side hit: a golden answer occurs in text
+    words_in_text(text, answer)                  the answer's words occur as a run of whole words in text
+    accuracy(prediction, golden_answers)         R-Search's Acc: a golden answer occurs in the raw prediction
 
 sub_exact_match is FlashRAG's `Sub_ExactMatch`: a golden answer that normalizes to "" (e.g. "." or "the") is
-contained in every prediction. `answer_in_text` (retrieval hits, SOAR's stream check) never counts one.
+contained in every prediction. `answer_in_text` (FlashRAG's retrieval hits) never counts one.
 
 A golden answer may be a `Regex` (FlashRAG's rule for curatedtrec, whose answers are patterns;
 `data.qa` marks them): exact match is then `re.fullmatch` and sub-exact match `re.search` of the pattern,
@@ -74,6 +76,14 @@ def answer_in_text(text: str, golden_answers: str | Sequence[str]) -> bool:
     return any(g and g in norm_text for g in (normalize_answer(a) for a in _as_list(golden_answers)))
 
 
+def words_in_text(text: str, answer: str) -> bool:
+    """True if the normalized answer's words occur in the normalized text as a run of whole words: "new york"
+    in "New York City", never "no" in "nothing" nor "york new"; an answer normalizing to "" is in nothing."""
+    words, target = normalize_answer(text).split(), normalize_answer(answer).split()
+    n = len(target)
+    return n > 0 and any(words[i : i + n] == target for i in range(len(words) - n + 1))
+
+
 def f1_score(prediction: str, golden_answers: str | Sequence[str], special_answers: bool = True) -> float:
     """Max token-level F1 over golden answers.
 
@@ -94,3 +104,16 @@ def f1_score(prediction: str, golden_answers: str | Sequence[str], special_answe
         precision, recall = common / len(pred_tokens), common / len(gold_tokens)
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def accuracy(prediction: str, golden_answers: str | Sequence[str]) -> float:
+    """R-Search's Acc (QingFei1/R-Search src/eval/utils.py `acc_score`, per example): 1.0 if a golden answer,
+    lowercased, is a substring of the lowercased prediction; no other normalization (an empty golden answer
+    is in every prediction). A `Regex` golden answer: its pattern found in the lowercased prediction."""
+    pred = prediction.lower()
+    return float(
+        any(
+            g.pattern.search(pred) is not None if isinstance(g, Regex) else g.lower() in pred
+            for g in _as_list(golden_answers)
+        )
+    )

@@ -9,6 +9,7 @@ model (R-Search's evidence answerer, SOAR's judges) makes one batched call per b
                                       source_consistency
     combine([("em", 1.0), ("format", 0.2), (evidence_reward(answerer), 1.0)])   weighted sum; its
                                       `score(samples)` also gives each term's values by name
+    overlong_penalty(lengths, L_max, L_cache)   DAPO's length shaping, from token counts (not text)
 
 `response` is everything after the prompt, decoded without special tokens: what the policy wrote
 plus the `<information>...</information>` observations the retriever inserted. Tags inside an
@@ -30,8 +31,9 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from jaxsearch.scoring.metrics import answer_in_text, exact_match, f1_score, sub_exact_match
+from jaxsearch.scoring.metrics import answer_in_text, exact_match, f1_score, sub_exact_match, words_in_text
 from jaxsearch.agent import parsing
+from jaxsearch.agent.protocols import stream_lines
 from jaxsearch.registry import Registry
 
 MAX_ANSWER_CHARS = 256
@@ -41,12 +43,14 @@ MAX_ANSWER_CHARS = 256
 class RewardInput:
     """One trajectory as the rewards see it.
 
-    response:           decoded text after the prompt (policy text and <information> observations).
+    response:           decoded text after the prompt (policy text and <information> observations; an
+                        observation cut to max_obs_tokens is closed: `AgentProtocol.close_cut_observation`).
     golden_answers:     the dataset's accepted answers.
     question:           the raw question (R-Search's evidence answerer and SOAR's judges read it).
     internal_knowledge: SOAR: the internal stream E_int, the facts the policy listed (all searches).
     external_knowledge: the external stream E_ext, the passages the retriever returned (all searches);
-                        never the internal facts, though a SOAR observation shows both.
+                        never the internal facts, though a SOAR observation shows both. Both streams as far
+                        as the policy saw them (observations are cut to max_obs_tokens).
     external_response:  the response with each observation reduced to its external stream: what SOAR's
                         fabrication judge is shown. None: the response itself (no internal stream).
     """
@@ -268,12 +272,19 @@ def declared_stream(sample: RewardInput) -> tuple[str, str, str] | None:
     return answer, source, sample.internal_knowledge if source == "internal" else sample.external_knowledge
 
 
+def stream_supports(stream: str, answer: str) -> bool:
+    """SOAR's exact-match check of an answer against a stream (Table 7, "w/ EM check"; the seed does not spell
+    out the match): the SQuAD-normalized answer occurs as a run of whole words in one fact or passage of the
+    stream, read without the numbering our workflow puts before each ("1. ", "Doc 1(Title: "). So "no" is not
+    in "nothing", nor "1" in a numbered list's "1. ..."."""
+    return any(words_in_text(line, answer) for line in stream_lines(stream))
+
+
 def source_consistent(sample: RewardInput) -> bool:
-    """SOAR's source-consistency check by exact match (Table 7, "w/ EM check"): the declared stream
-    supports the answer. The seed does not spell out the match; our reading is SQuAD-normalized
-    containment of the answer in the stream's text (`answer_in_text`). No answer or no declaration: False."""
+    """SOAR's source-consistency check by exact match (Table 7, "w/ EM check"): the declared stream, as far
+    as the policy saw it, supports the answer (`stream_supports`). No answer or no declaration: False."""
     declared = declared_stream(sample)
-    return declared is not None and answer_in_text(declared[2], [declared[0]])
+    return declared is not None and stream_supports(declared[2], declared[0])
 
 
 # ---------------------------------------------------------------------- reward function builders
@@ -472,6 +483,26 @@ def source_consistency_judge_reward(judge: Judge) -> RewardFn:
         return out
 
     return consistent
+
+
+# ------------------------------------------------------------------- DAPO's overlong shaping
+
+
+def overlong_penalty(lengths: np.ndarray, max_tokens: int, buffer: int) -> np.ndarray:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, Eq. 13), added to the reward.
+    lengths [N]: tokens the policy wrote per trajectory (retrieved text excluded); max_tokens: L_max;
+    buffer: L_cache (the paper: L_max 20480, L_cache 4096, §4.1). Returns float64 [N]:
+
+        0                                   if |y| <= L_max - L_cache
+        ((L_max - L_cache) - |y|) / L_cache if L_max - L_cache < |y| <= L_max
+        -1                                  if |y| > L_max
+    """
+    if not 0 < buffer < max_tokens:
+        raise ValueError(f"overlong shaping needs 0 < L_cache={buffer} < L_max={max_tokens}")
+    lengths = np.asarray(lengths, dtype=np.float64)
+    expected = max_tokens - buffer
+    soft = np.minimum((expected - lengths) / buffer, 0.0)
+    return np.where(lengths > max_tokens, -1.0, soft)
 
 
 # ---------------------------------------------------------------------------------- registry

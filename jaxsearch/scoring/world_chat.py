@@ -20,7 +20,7 @@ class WorldChatModel:
       trajectory's answer occurs in one of the observation blocks it is shown (E_ext only; `<information>`, or
       Graph-R1's `<knowledge>`), i.e. it was read, not invented.
     - SOAR's source-consistency judge (system message `rewards.SOURCE_CONSISTENCY_JUDGE_PROMPT`): consistent
-      when the answer occurs in the declared source's text.
+      when the declared source's text supports the answer (`rewards.stream_supports`, the EM check's rule).
     - R-Search's evidence answerer (any other conversation, R-Search's evidence template): `read_answer`
       on the passages and question of the prompt, a reader that knows only the world's sentence templates.
     """
@@ -47,7 +47,7 @@ class WorldChatModel:
             case = re.search(
                 r"\n\nFinal answer: (.*)\n\nDeclared source: .*\n\nSource text:\n(.*)", prompt, re.DOTALL
             )
-            consistent = case is not None and answer_in_text(case[2], [case[1]])
+            consistent = case is not None and rewards.stream_supports(case[2], case[1])
             return json.dumps({"reason": "rule: answer in the source text", "consistent": consistent})
         passages = re.search(r"given passages:\n(.*)\n\nQuestion: (.*)\nAnswer:", prompt, re.DOTALL)
         if passages is None:

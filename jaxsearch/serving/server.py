@@ -35,9 +35,16 @@ batch b samples with `fold_in(key(seed), b)`, row i of it as the engine does.
 
 Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`: 400 `invalid_request_error` naming
 the bad field in `param` (`messages[1].content`, `temperature`, ...), 404 for an unknown path or model,
-405 for a wrong method, 413 for a body over 4 MiB, 500 `server_error` when a rollout fails. A question whose
-prompt leaves the cache no room to act gets a 400 (param `messages`) without failing the requests batched
-with it.
+405 for a wrong method, 500 `server_error` when a rollout fails. A question whose prompt leaves the cache no
+room to act gets a 400 (param `messages`) without failing the requests batched with it.
+
+Limits (`Limits`; launch/serve_agent.py's flags), each checked before the work it bounds and answered with
+an error naming it: body bytes from Content-Length, before reading (413, --max-body-bytes); UTF-8 and JSON
+nesting depth before parsing (400, `retrieval.request_limits`); the question's tokens in the HTTP thread,
+before it joins a batch (400 `context_length_exceeded`, --max-message-tokens; a question over 16 characters
+per allowed token is refused without tokenizing it). So an oversized question never reaches a rollout, and
+the requests that would have been batched with it do not wait for it. A client that disconnects mid-request
+is logged in one line.
 """
 
 from __future__ import annotations
@@ -54,132 +61,24 @@ from concurrent.futures import Future
 
 import numpy as np
 
-MAX_BODY = 4 << 20
+from jaxsearch.retrieval.request_limits import too_large
+from jaxsearch.serving.chat_request import ChatRequest, RequestError, parse_chat_request
+
 MODELS_PATH = "/v1/models"
 CHAT_PATH = "/v1/chat/completions"
 
 
-class RequestError(Exception):
-    """An error answered to the client as OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
 @dataclasses.dataclass(frozen=True)
-class ChatRequest:
-    """What the server uses of a chat-completions body."""
+class Limits:
+    """What one request may hold (launch/serve_agent.py's flags)."""
 
-    question: str
-    stream: bool
-
-
-# ------------------------------------------------------------------------------------------- validation
+    max_body_bytes: int = 4 << 20  # --max-body-bytes
+    max_message_tokens: int | None = None  # --max-message-tokens; None: what the cache leaves (`make_server`)
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _bad(param: str | None, message: str) -> RequestError:
-    return RequestError(400, f"{param}: {message}" if param else message, param)
-
-
-def _content_text(content, param: str) -> str:
-    """A message's content: a string, or a list of text parts (joined), else a 400 naming `param`."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            where = f"{param}[{j}]"
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise _bad(where, 'expected a text part {"type": "text", "text": str}')
-            texts.append(part["text"])
-        return "".join(texts)
-    raise _bad(param, f"expected a string or a list of text parts, got {type(content).__name__}")
-
-
-def parse_chat_request(raw: bytes, model_name: str, temperature: float) -> ChatRequest:
-    """The question and stream flag of a chat-completions body, or a RequestError naming the bad field."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _bad(None, f"invalid JSON body: {e}") from None
-    if not isinstance(body, dict):
-        raise _bad(None, f"expected a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise _bad("model", "expected a string (the served model: GET /v1/models)")
-    if model != model_name:
-        raise RequestError(
-            404,
-            f"model {model!r} does not exist; this server serves {model_name!r}",
-            "model",
-            code="model_not_found",
-        )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "expected a non-empty list of {role, content} messages")
-    question = None
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _bad(f"messages[{i}]", "expected an object {role, content}")
-        if not isinstance(message.get("role"), str):
-            raise _bad(f"messages[{i}].role", "expected a string")
-        content = message.get("content")
-        if content is None and message["role"] != "user":
-            continue  # an assistant message with tool calls only
-        text = _content_text(content, f"messages[{i}].content")
-        if message["role"] == "user":
-            question = (text, f"messages[{i}].content")
-    if question is None:
-        raise _bad("messages", "no user message: the question is the last user message's content")
-    if not question[0].strip():
-        raise _bad(question[1], "the question (the last user message) is empty")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _bad("stream", "expected a boolean")
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise _bad("n", f"only n=1 is supported, got {n!r}")
-    t = body.get("temperature")
-    if t is not None:
-        if not _is_number(t) or not 0 <= t <= 2:
-            raise _bad("temperature", f"expected a number in [0, 2], got {t!r}")
-        if float(t) != temperature:
-            raise _bad(
-                "temperature",
-                f"this server samples at temperature {temperature} (its --temperature) for every request; "
-                f"got {t}: leave temperature out or send {temperature}",
-            )
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = body.get(name)
-        if value is not None and (not _is_int(value) or value < 1):
-            raise _bad(name, f"expected a positive integer, got {value!r}")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise _bad("seed", f"expected an integer, got {seed!r}")
-    return ChatRequest(question[0], bool(stream))
+# A question longer than this many characters per allowed token is refused before it is tokenized (no
+# tokenizer here averages half that: Qwen2.5's BPE about 4 characters a token on English text).
+CHARS_PER_TOKEN_BOUND = 16
 
 
 # ------------------------------------------------------------------------------------------- episodes
@@ -360,14 +259,42 @@ class AgentServer(http.server.ThreadingHTTPServer):
     # "connection reset by peer" (a CI run of tests/test_serve_agent.py, 2026-12-04)
     request_queue_size = 128
 
-    def __init__(self, address, batcher: Batcher, model_name: str, temperature: float, verbose: bool = False):
+    def __init__(
+        self,
+        address,
+        batcher: Batcher,
+        model_name: str,
+        temperature: float,
+        verbose: bool = False,
+        limits: Limits = Limits(),
+    ):
         self.batcher, self.model_name, self.temperature, self.verbose = (
             batcher,
             model_name,
             temperature,
             verbose,
         )
+        if limits.max_message_tokens is None:
+            limits = dataclasses.replace(limits, max_message_tokens=default_message_tokens(batcher.engine))
+        if limits.max_message_tokens < 1:
+            raise ValueError(f"max_message_tokens must be >= 1, got {limits.max_message_tokens}")
+        self.limits = limits
         super().__init__(address, _Handler)
+
+    def check_question(self, request: ChatRequest) -> None:
+        """A RequestError 400 if the question is over `limits.max_message_tokens` (by its length first, then
+        tokenized): checked in the HTTP thread, so it never joins (and slows) a batch."""
+        limit, field = self.limits.max_message_tokens, request.question_field
+        fix = "send a shorter question, or start the server with a larger --max-message-tokens (and --cache-len)"
+        chars = len(request.question)
+        if chars > limit * CHARS_PER_TOKEN_BOUND:
+            message = (f"{field}: the question has {chars:,} characters, over {limit * CHARS_PER_TOKEN_BOUND:,} "
+                       f"({CHARS_PER_TOKEN_BOUND} per token of the limit of {limit:,} tokens); {fix}")
+            raise RequestError(400, message, "messages", code="context_length_exceeded")
+        tokens = len(self.batcher.engine.tokenizer.encode(request.question))
+        if tokens > limit:
+            message = f"{field}: the question is {tokens:,} tokens, over the limit of {limit:,}; {fix}"
+            raise RequestError(400, message, "messages", code="context_length_exceeded")
 
     @property
     def url(self) -> str:
@@ -379,6 +306,20 @@ class AgentServer(http.server.ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
         self.batcher.close()
+
+
+def default_message_tokens(engine) -> int:
+    """Tokens a question may have: what the cache leaves after the protocol's prompt around it and one segment
+    to act. EKA's P0 passages come per question and are not counted here: a prompt that still does not fit
+    is refused by the rollout (400, that request alone)."""
+    tokenizer = engine.tokenizer
+    around = tokenizer.apply_chat_template(engine.protocol.build_messages("x", None), add_generation_prompt=True)
+    prompt = len(tokenizer.encode(around, allow_special=True)) - len(tokenizer.encode("x"))
+    return engine.sampler.cache_len - engine.limits.max_segment_tokens - prompt
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its request was read or answered."""
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -415,6 +356,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         try:
+            self._dispatch(method, path)
+        except (BrokenPipeError, ConnectionResetError, _ClientGone) as e:  # one line, not a traceback
+            self.close_connection = True
+            reason = str(e) if isinstance(e, _ClientGone) else type(e).__name__
+            http.server.BaseHTTPRequestHandler.log_message(
+                self, "client disconnected during %s %s: %s", method, path, reason
+            )
+
+    def _dispatch(self, method: str, path: str) -> None:
+        try:
             allowed = self.ROUTES.get(path)
             if allowed is None:
                 self._drain()
@@ -434,8 +385,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._chat()
         except RequestError as e:
             self._send_error(e)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, _ClientGone):
+            raise
         except Exception as e:  # noqa: BLE001 - never a bare traceback
             self._send_error(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error"))
 
@@ -457,20 +408,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _drain(self) -> None:
         """Read (and drop) a request body so the connection stays usable."""
         length = self.headers.get("Content-Length")
-        if length and length.isdigit() and int(length) <= MAX_BODY:
-            self.rfile.read(int(length))
+        if length and length.isdigit() and int(length) <= self.server.limits.max_body_bytes:
+            self._read(int(length))
         elif length:
             self.close_connection = True
 
+    def _read(self, length: int) -> bytes:
+        data = self.rfile.read(length)
+        if len(data) < length:
+            raise _ClientGone(f"closed the connection after {len(data):,} of {length:,} body bytes")
+        return data
+
     def _read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
+        """The body, refused from its Content-Length (413, before reading) when over --max-body-bytes."""
+        length, limit = self.headers.get("Content-Length"), self.server.limits.max_body_bytes
         if length is None or not length.isdigit():
             self.close_connection = True
             raise RequestError(411, "a Content-Length header is required", None, code="length_required")
-        if int(length) > MAX_BODY:
+        if int(length) > limit:
             self.close_connection = True
-            raise RequestError(413, f"body of {length} bytes is over {MAX_BODY}", None)
-        return self.rfile.read(int(length))
+            message = too_large(int(length), limit, "--max-body-bytes").message
+            raise RequestError(413, message, None, code="request_too_large")
+        return self._read(int(length))
 
     def _models(self) -> None:
         self._send_json(
@@ -483,6 +442,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _chat(self) -> None:
         request = parse_chat_request(self._read_body(), self.server.model_name, self.server.temperature)
+        self.server.check_question(request)
         future = self.server.batcher.submit(request.question)
         request_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.server.model_name
         if not request.stream:
@@ -520,13 +480,14 @@ def make_server(
     temperature: float = 0.0,
     seed: int = 0,
     verbose: bool = False,
+    limits: Limits = Limits(),
 ) -> AgentServer:
     """An `AgentServer` bound to (host, port) (port 0: a free one, see `.url`); call `serve_forever()`.
 
-    temperature: the engine's sampling temperature (a request may only restate it)."""
+    temperature: the engine's sampling temperature (a request may only restate it); limits: see `Limits`."""
     batcher = Batcher(engine, params, max_batch, batch_wait_ms / 1000.0, seed)
     try:
-        return AgentServer((host, port), batcher, model_name, float(temperature), verbose)
+        return AgentServer((host, port), batcher, model_name, float(temperature), verbose, limits)
     except BaseException:
         batcher.close()
         raise
