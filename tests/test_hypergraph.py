@@ -189,8 +189,10 @@ def test_merge_weights_types_and_sources(small_graph):
                          "D": {2: 20.0, 3: 80.0}, "E": {4: 40.0}, "F": {5: 10.0}}
     assert incidence.hyperedge_degree.tolist() == [2, 2, 3, 1, 2, 1]
     assert json.load(open(os.path.join(path, "meta.json")))["num_incidences"] == 11
-    assert sorted(os.listdir(path)) == ["entities.faiss", "entities.jsonl", "hyperedges.faiss", "hyperedges.jsonl",
-                                        "incidence.npz", "meta.json"]
+    from jaxsearch.files import MARKER  # the build marks its directory as written by jaxsearch
+
+    assert sorted(os.listdir(path)) == sorted([MARKER, "entities.faiss", "entities.jsonl", "hyperedges.faiss",
+                                               "hyperedges.jsonl", "incidence.npz", "meta.json"])
 
 
 def test_retrieval_matches_hand_computed_fusion(small_graph):
