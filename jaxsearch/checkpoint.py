@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 from typing import Callable
 
@@ -92,11 +93,12 @@ class TrainCheckpointer:
 
         abstract_state: a pytree like the saved state, of `jax.ShapeDtypeStruct` (or arrays) whose
         `.sharding` says where each leaf goes (None: the sharding it was saved with); shardings: a
-        matching pytree of shardings that overrides them. Each array is read straight onto its devices. A checkpoint that fails to restore (no
-        commit marker, missing or truncated files) is logged with a warning and the previous one is
-        tried; once an older one restores, the unreadable newer ones are renamed `<step>.corrupt` so
-        the resumed run can save those steps again. If none restores (e.g. `abstract_state` does not
-        match what was saved), nothing is renamed and a RuntimeError lists every reason.
+        matching pytree of shardings that overrides them. Each array is read straight onto its devices. A
+        checkpoint that fails to restore (no commit marker, missing or truncated files) is logged with a
+        warning and the previous one is tried; once an older one restores, the unreadable newer ones are
+        renamed `<step>.corrupt` so the resumed run can save those steps again; it prints `resumed from step
+        N (checkpoint DIR)`. If none restores (e.g. `abstract_state` does not match what was saved), nothing
+        is renamed and a RuntimeError lists every reason.
         """
         abstract_state = _abstract(abstract_state, shardings)
         self.wait()
@@ -117,6 +119,9 @@ class TrainCheckpointer:
                 continue
             for bad_step, _ in failures:
                 self._move_aside(bad_step)
+            if jax.process_index() == 0:  # shown at any log level: which checkpoint a run continues from
+                print(f"resumed from step {step} (checkpoint {os.path.join(self.directory, str(step))})",
+                      file=sys.stderr, flush=True)
             return step, state, meta
         if failures:
             reasons = "; ".join(f"step {step}: {reason}" for step, reason in failures)

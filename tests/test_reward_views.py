@@ -216,3 +216,22 @@ def test_rsearch_format_reads_the_invalid_action_hint_as_rsearch_does():
     sample = _scored_row("rsearch", chunks)
     assert sample.response == "".join(text for _, text in chunks)
     assert R.rsearch_format_score(sample.response) == pytest.approx(0.2)
+
+
+def test_in_training_f1_follows_the_protocols_rule():
+    """The training step's and the held-out evaluation's F1 use the protocol's rule: Graph-R1's `cal_f1`
+    (evaluation/eval.py) is plain token F1, "no" against "no way" 2/3; FlashRAG's yes/no rule (Search-R1) 0."""
+    from types import SimpleNamespace
+
+    from jaxsearch.scoring.episodes import heldout_metrics
+
+    tok = QwenTokenizer()
+    row = Row(tok.encode("prompt"), [])
+    row.add(POLICY, tok.encode("<answer>no</answer>"), "<answer>no</answer>")
+    row.answer = "no"
+    example = SimpleNamespace(question="q", golden_answers=["no way"], supporting_ids=None)
+    for name, f1 in (("graph_r1", 2 / 3), ("search_r1", 0.0)):
+        protocol = get_protocol(name)
+        traj = traj_lib.assemble([row], tok, protocol, timings={})
+        engine = SimpleNamespace(protocol=protocol, rollout_examples=lambda *args: traj)
+        assert heldout_metrics(engine, None, {"d": [example]}, None)["eval/d/f1"] == pytest.approx(f1)

@@ -49,6 +49,11 @@ def test_graded_answer_guards_flooding_and_size():  # the strict rewards' answer
     assert R.graded_answer(DIRECT) == "Paris"
     assert R.graded_answer(FLOOD) is None
     assert R.graded_answer(NESTED) is None  # two <answer> tags
+    # the invalid-action hint's "<answer> and </answer>" is not the policy's (the response keeps it)
+    from jaxsearch.agent.protocols import SEARCH_R1_INVALID_HINT
+
+    assert R.graded_answer("<search>q" + SEARCH_R1_INVALID_HINT + DIRECT) == "Paris"
+    assert R.graded_answer("<search>q" + SEARCH_R1_INVALID_HINT) is None
     huge = "<answer>" + "Paris " * 100 + "</answer>"
     assert R.graded_answer(huge) is None
     assert R.graded_answer(huge, max_answer_chars=10_000) is not None

@@ -268,7 +268,7 @@ def _batches(vocab: int, stop_after: int | None = None):
         yield ids, np.ones_like(ids), (ids % 2).astype(np.int32)
 
 
-def test_sft_train_resumes_from_its_checkpoint_to_the_same_params_and_losses(tmp_path):
+def test_sft_train_resumes_from_its_checkpoint_to_the_same_params_and_losses(tmp_path, capsys):
     config = tiny_config(vocab=19)
     args = dict(steps=7, lr=1e-2, warmup=2, log_every=5, progress=False)
 
@@ -291,6 +291,7 @@ def test_sft_train_resumes_from_its_checkpoint_to_the_same_params_and_losses(tmp
     params = qwen2.init_params(config, jax.random.PRNGKey(1))
     params_resumed, losses_resumed = sft_train(config, params, _batches(19), checkpointer=resumed, **args)
     resumed.close()
+    assert f"resumed from step 3 (checkpoint {resumed.directory}/3)\n" in capsys.readouterr().err
     assert len(losses_whole) == 7 and losses_resumed == losses_whole
     for a, b in zip(jax.tree.leaves(params_whole), jax.tree.leaves(params_resumed)):
         np.testing.assert_array_equal(a, b)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 
 import jax
 from tqdm import tqdm
@@ -111,9 +110,6 @@ def _train(cfg, workdir: str, progress: bool) -> dict:
     if restored is not None:
         start, state, meta = restored
         iterator.restore(meta["iterator"])
-        if jax.process_index() == 0:  # shown at any log level: which checkpoint this run continues
-            print(f"resumed from step {start} (checkpoint {os.path.join(ckpt.directory, str(start))})",
-                  file=sys.stderr, flush=True)
     writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
     writer.drop_after(start)
     preempted = checkpoint.install_sigterm_handler()
@@ -130,7 +126,8 @@ def _train(cfg, workdir: str, progress: bool) -> dict:
         with timer("rollout"):  # agent/engine.py
             traj = engine.rollout_examples(params, examples, key, cfg.protocol.data_prompt)
         with timer("reward"):  # scoring/episodes.py
-            scores, episode_metrics = score_rollout(reward_fn, traj, examples)
+            f1_rule = engine.protocol.f1_special_answers  # the protocol's F1: Graph-R1's has no yes/no rule
+            scores, episode_metrics = score_rollout(reward_fn, traj, examples, f1_rule)
         return traj, scores, episode_metrics
 
     # --- the loop

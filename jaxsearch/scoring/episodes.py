@@ -16,24 +16,28 @@ from jaxsearch.scoring import metrics as qa_metrics
 from jaxsearch.scoring import rewards as rewards_lib
 
 
-def score_rollout(reward_fn, traj: Trajectories, examples) -> tuple[np.ndarray, dict]:
+def score_rollout(
+    reward_fn, traj: Trajectories, examples, special_answers: bool = True
+) -> tuple[np.ndarray, dict]:
     """([B] float32 rewards, metrics) of one rollout: `reward_fn` (a `rewards.WeightedSum`) over the episodes,
     then `trajectory_stats` with the mean reward and each reward term's mean ("reward/TERM")."""
     scores, terms = reward_fn.score(rewards_lib.reward_inputs(traj, examples))
     scores = scores.astype(np.float32)
-    metrics = trajectory_stats(traj, examples)
+    metrics = trajectory_stats(traj, examples, special_answers)
     metrics["reward"] = float(scores.mean())
     metrics.update({f"reward/{k}": float(v.mean()) for k, v in terms.items()})
     return scores, metrics
 
 
-def trajectory_stats(traj: Trajectories, examples) -> dict:
+def trajectory_stats(traj: Trajectories, examples, special_answers: bool = True) -> dict:
     """Search-R1's rollout metrics (EM, F1, lengths, turns, action ratios), retrieval recall of the supporting
-    passages where examples name them, and the entropy of the policy's tokens overall and per segment type."""
+    passages where examples name them, and the entropy of the policy's tokens overall and per segment type.
+    special_answers: F1 with FlashRAG's yes/no rule, else plain token F1 (protocol.f1_special_answers)."""
     answered = np.asarray([a is not None for a in traj.answers])
     resp_len = traj.attention_mask.sum(1) - traj.prompt_lengths
-    em = [qa_metrics.exact_match(a or "", ex.golden_answers) for a, ex in zip(traj.answers, examples)]
-    f1 = [qa_metrics.f1_score(a or "", ex.golden_answers) for a, ex in zip(traj.answers, examples)]
+    pairs = list(zip(traj.answers, examples))
+    em = [qa_metrics.exact_match(a or "", ex.golden_answers) for a, ex in pairs]
+    f1 = [qa_metrics.f1_score(a or "", ex.golden_answers, special_answers) for a, ex in pairs]
     turns = np.maximum(traj.turns, 1)
     stats = {
         "em": float(np.mean(em)),
@@ -70,7 +74,7 @@ def heldout_metrics(
     out = {}
     for name, examples in eval_sets.items():
         traj = engine.rollout_examples(params, examples, key, data_prompt)
-        stats = trajectory_stats(traj, examples)
+        stats = trajectory_stats(traj, examples, engine.protocol.f1_special_answers)
         if judge is not None:  # SOAR's evidence-fabrication rate (share of judged-ungrounded episodes)
             scores = rewards_lib.judge_fabrication(judge, rewards_lib.reward_inputs(traj, examples))
             stats["fabrication_rate"] = rewards_lib.fabrication_rate(scores)

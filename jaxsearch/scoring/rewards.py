@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxsearch.scoring.metrics import answer_in_text, exact_match, f1_score, sub_exact_match, words_in_text
 from jaxsearch.agent import parsing
-from jaxsearch.agent.protocols import stream_lines
+from jaxsearch.agent.protocols import SEARCH_R1_INVALID_HINT, stream_lines
 from jaxsearch.registry import Registry
 
 MAX_ANSWER_CHARS = 256
@@ -92,10 +92,12 @@ extract_information_source = parsing.information_source
 
 def graded_answer(response: str, max_answer_chars: int = MAX_ANSWER_CHARS) -> str | None:
     """The answer the strict rewards (`em_strict`, `f1_strict`) score: None when absent, flooded (more than
-    one `<answer>` outside observations) or longer than `max_answer_chars`."""
-    if policy_view(response).count("<answer>") > 1:
+    one `<answer>` the policy wrote: outside observations and invalid-action hints) or longer than
+    `max_answer_chars`."""
+    policy_text = policy_view(response).replace(SEARCH_R1_INVALID_HINT, "")
+    if policy_text.count("<answer>") > 1:
         return None
-    answer = extract_answer(response)
+    answer = parsing.last_block(policy_text, "answer")
     return answer if answer is not None and len(answer) <= max_answer_chars else None
 
 
