@@ -220,18 +220,25 @@ def test_rsearch_format_reads_the_invalid_action_hint_as_rsearch_does():
 
 def test_in_training_f1_follows_the_protocols_rule():
     """The training step's and the held-out evaluation's F1 use the protocol's rule: Graph-R1's `cal_f1`
-    (evaluation/eval.py) is plain token F1, "no" against "no way" 2/3; FlashRAG's yes/no rule (Search-R1) 0."""
+    (evaluation/eval.py) is plain token F1, "no" against "no way" 2/3; FlashRAG's yes/no rule (Search-R1) 0.
+    R-Search's Acc rides beside them."""
     from types import SimpleNamespace
 
     from jaxsearch.scoring.episodes import heldout_metrics
 
     tok = QwenTokenizer()
-    row = Row(tok.encode("prompt"), [])
-    row.add(POLICY, tok.encode("<answer>no</answer>"), "<answer>no</answer>")
-    row.answer = "no"
-    example = SimpleNamespace(question="q", golden_answers=["no way"], supporting_ids=None)
-    for name, f1 in (("graph_r1", 2 / 3), ("search_r1", 0.0)):
+    rows = []
+    for answer in ("no", "yes, no way"):
+        row = Row(tok.encode("prompt"), [])
+        row.add(POLICY, tok.encode(f"<answer>{answer}</answer>"), f"<answer>{answer}</answer>")
+        row.answer = answer
+        rows.append(row)
+    examples = [SimpleNamespace(question="q", golden_answers=["no way"], supporting_ids=None)] * 2
+    # row 2: "yes no way" against "no way", precision 2/3, recall 1: F1 0.8 by either rule; Acc (R-Search's
+    # acc_score: "no way" in "yes, no way") 1, row 1's 0
+    for name, f1 in (("graph_r1", (2 / 3 + 0.8) / 2), ("search_r1", 0.8 / 2)):
         protocol = get_protocol(name)
-        traj = traj_lib.assemble([row], tok, protocol, timings={})
+        traj = traj_lib.assemble(rows, tok, protocol, timings={})
         engine = SimpleNamespace(protocol=protocol, rollout_examples=lambda *args: traj)
-        assert heldout_metrics(engine, None, {"d": [example]}, None)["eval/d/f1"] == pytest.approx(f1)
+        metrics = heldout_metrics(engine, None, {"d": examples}, None)
+        assert metrics["eval/d/f1"] == pytest.approx(f1) and metrics["eval/d/acc"] == pytest.approx(0.5)

@@ -30,18 +30,21 @@ def score_rollout(
 
 
 def trajectory_stats(traj: Trajectories, examples, special_answers: bool = True) -> dict:
-    """Search-R1's rollout metrics (EM, F1, lengths, turns, action ratios), retrieval recall of the supporting
-    passages where examples name them, and the entropy of the policy's tokens overall and per segment type.
+    """Search-R1's rollout metrics (EM, F1, R-Search's Acc, lengths, turns, action ratios), retrieval recall
+    of the supporting passages where examples name them, and the entropy of the policy's tokens overall and
+    per segment type.
     special_answers: F1 with FlashRAG's yes/no rule, else plain token F1 (protocol.f1_special_answers)."""
     answered = np.asarray([a is not None for a in traj.answers])
     resp_len = traj.attention_mask.sum(1) - traj.prompt_lengths
     pairs = list(zip(traj.answers, examples))
     em = [qa_metrics.exact_match(a or "", ex.golden_answers) for a, ex in pairs]
     f1 = [qa_metrics.f1_score(a or "", ex.golden_answers, special_answers) for a, ex in pairs]
+    acc = [qa_metrics.accuracy(a or "", ex.golden_answers) if a else 0.0 for a, ex in pairs]  # R-Search's Acc
     turns = np.maximum(traj.turns, 1)
     stats = {
         "em": float(np.mean(em)),
         "f1": float(np.mean(f1)),
+        "acc": float(np.mean(acc)),
         "response_length": float(resp_len.mean()),
         "policy_tokens": float(traj.loss_mask.sum(1).mean()),
         "turns": float(traj.turns.mean()),
