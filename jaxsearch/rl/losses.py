@@ -81,6 +81,23 @@ def agg_loss(
     return masked_mean(row_loss, row_count > 0)
 
 
+def clipped_surrogate(
+    ratio: jax.Array,
+    advantages: jax.Array,
+    clip_eps: float,
+    clip_eps_low: float | None = None,
+    clip_eps_high: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's pessimistic surrogate max(-A r, -A clip(r, 1 - low, 1 + high)), elementwise, the bounds
+    low / high defaulting to clip_eps -> (loss, where the clipped branch is the larger). Per token (ppo) or
+    per sequence (gspo)."""
+    low = clip_eps if clip_eps_low is None else clip_eps_low
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - low, 1.0 + high)
+    return jnp.maximum(unclipped, clipped), clipped > unclipped
+
+
 @register_policy_loss("ppo")
 def ppo_policy_loss(
     logp: jax.Array,
@@ -97,18 +114,17 @@ def ppo_policy_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped PPO surrogate. logp, old_logp, loss_mask [B, T]; advantages [B, T] or [B] (per sequence).
 
-    ratio = exp(logp - old_logp) (log-ratio clamped to [-20, 20]); per token
-    loss = max(-A * ratio, -A * clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high)), the low/high
-    bounds defaulting to clip_eps (DAPO's clip-higher sets them apart: Eq. 10 of arXiv 2503.14476). With `dual_clip_c` (> 1),
-    tokens with A < 0 are further bounded by -A * dual_clip_c (Ye et al. 2020, veRL's clip_ratio_c).
+    ratio = exp(logp - old_logp) (log-ratio clamped to [-20, 20]); per token `clipped_surrogate`:
+    loss = max(-A * ratio, -A * clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high)), the low/high bounds
+    defaulting to clip_eps (DAPO's clip-higher sets them apart: Eq. 10 of arXiv 2503.14476). With
+    `dual_clip_c` (> 1), tokens with A < 0 are further bounded by -A * dual_clip_c (Ye et al. 2020, veRL's
+    clip_ratio_c).
     Returns (loss, stats); stats are masked means, without gradient: clip_frac (the clipped branch
     is active), clip_frac_lower (dual clip active), approx_kl (mean old_logp - logp), ratio_mean,
     ratio_max.
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
-    low = clip_eps if clip_eps_low is None else clip_eps_low
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     if advantages.ndim == 1:
         advantages = advantages[:, None]
     advantages = jnp.broadcast_to(advantages, logp.shape)
@@ -116,10 +132,8 @@ def ppo_policy_loss(
 
     log_ratio = jnp.clip(logp - old_logp, -20.0, 20.0)
     ratio = jnp.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * jnp.clip(ratio, 1.0 - low, 1.0 + high)
-    per_token = jnp.maximum(unclipped, clipped)
-    clip_frac = masked_mean((clipped > unclipped).astype(logp.dtype), mask)
+    per_token, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_low, clip_eps_high)
+    clip_frac = masked_mean(clipped.astype(logp.dtype), mask)
     clip_frac_lower = jnp.zeros((), logp.dtype)
     if dual_clip_c is not None:
         lower_bound = -advantages * dual_clip_c
@@ -167,20 +181,16 @@ def gspo_policy_loss(
         raise ValueError("gspo has no dual clip: leave dual_clip_c unset")
     if advantages.ndim != 1:
         raise ValueError(f"gspo takes one advantage per sequence, [B]; got shape {advantages.shape}")
-    low = clip_eps if clip_eps_low is None else clip_eps_low
-    high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = loss_mask.astype(logp.dtype)
     count = mask.sum(axis=-1)
     token_log_ratio = logp - old_logp
     seq_log_ratio = (token_log_ratio * mask).sum(axis=-1) / jnp.maximum(count, 1.0)
     ratio = jnp.exp(jnp.clip(seq_log_ratio, -20.0, 20.0))  # [B]
-    unclipped = -advantages * ratio
-    clipped = -advantages * jnp.clip(ratio, 1.0 - low, 1.0 + high)
-    per_row = jnp.maximum(unclipped, clipped)
+    per_row, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_eps_low, clip_eps_high)
     loss = agg_loss(jnp.broadcast_to(per_row[:, None], logp.shape), mask, agg_mode, agg_norm)
     rows = (count > 0).astype(logp.dtype)
     stats = {
-        "clip_frac": masked_mean((clipped > unclipped).astype(logp.dtype), rows),
+        "clip_frac": masked_mean(clipped.astype(logp.dtype), rows),
         "clip_frac_lower": jnp.zeros((), logp.dtype),
         "approx_kl": masked_mean(-token_log_ratio, mask),
         "ratio_mean": masked_mean(ratio, rows),
