@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 from typing import Callable, Sequence
 
@@ -93,6 +94,38 @@ def claim_output_dir(
     if create:
         os.makedirs(path, exist_ok=True)
         mark(path)
+
+
+def fresh_save_dir(tmp: str, legacy: Sequence[Sequence[str]] = ()) -> None:
+    """Make `tmp` (a save's temporary directory, `<dst>.tmp-save`) an empty, marked directory. A leftover
+    of an interrupted save of ours (marked, or a `legacy` layout) is removed; anything else there is refused
+    with an OutputDirError (nothing deleted)."""
+    if os.path.lexists(tmp):
+        if not os.path.isdir(tmp) or not is_ours(tmp, legacy):
+            raise OutputDirError(f"{tmp}: a save's temporary directory, but it holds files jaxsearch did not "
+                                 "write; move it away and save again (nothing was changed)")
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    mark(tmp)
+
+
+def replace_dir(src: str, dst: str, legacy: Sequence[Sequence[str]] = ()) -> None:
+    """Move the complete directory `src` to `dst`. An existing `dst` is replaced only if it is ours (`is_ours`:
+    marked, or a `legacy` layout); anything else raises OutputDirError (`src` kept, nothing deleted)."""
+    dst = dst.rstrip("/")
+    if not os.path.lexists(dst):
+        os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+        os.rename(src, dst)
+        return
+    if not os.path.isdir(dst) or (os.listdir(dst) and not is_ours(dst, legacy)):
+        raise OutputDirError(f"{dst} holds files jaxsearch did not write; the new save is kept in {src} "
+                             "(move it where you want it)")
+    old = dst + ".old-save"
+    if os.path.exists(old):
+        shutil.rmtree(old)
+    os.rename(dst, old)
+    os.rename(src, dst)
+    shutil.rmtree(old)
 
 
 class LockedError(RuntimeError):

@@ -30,11 +30,14 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from jaxsearch import multihost
+from jaxsearch import files, multihost
 from jaxsearch.models import qwen2
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# a `save_hf` temporary dir left by a version before `files.MARKER` (an export dir itself is replaced only when
+# marked: an unmarked HF checkpoint may be the user's own download)
+HF_TMP_LAYOUTS = [("config.json",)]
 
 
 class CheckpointError(ValueError):
@@ -312,7 +315,8 @@ def save_hf(
     dtype: None keeps the params' dtype; float32 or bfloat16 converts. Above `max_shard_bytes` the
     tensors are split into `model-0000i-of-0000n.safetensors` shards with an index file. Files are
     written to a temporary directory and moved into place at the end, so a crash leaves no partial
-    checkpoint at `path`.
+    checkpoint at `path`. An existing `path` is replaced only if jaxsearch wrote it (`files.MARKER`): else an
+    OutputDirError, the new save kept in `<path>.tmp-save`.
     """
     out_dtype = (
         np.dtype(ml_dtypes.bfloat16)
@@ -353,11 +357,7 @@ def _write_hf(config: qwen2.Qwen2Config, host, path: str, out_dtype, max_shard_b
     shards.append(current)
 
     tmp = path.rstrip("/") + ".tmp-save"
-    if os.path.exists(tmp):
-        import shutil
-
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
+    files.fresh_save_dir(tmp, legacy=HF_TMP_LAYOUTS)
     hf_cfg = config.to_hf_dict()
     hf_cfg["torch_dtype"] = hf_cfg["dtype"] = "bfloat16" if out_dtype != np.float32 else "float32"
     with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -374,20 +374,4 @@ def _write_hf(config: qwen2.Qwen2Config, host, path: str, out_dtype, max_shard_b
         total = sum(a.nbytes for a in tensors.values())
         with open(os.path.join(tmp, INDEX_FILE), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    _replace_dir(tmp, path)
-
-
-def _replace_dir(src: str, dst: str) -> None:
-    """Move directory src to dst, replacing dst only once src is complete."""
-    import shutil
-
-    if os.path.exists(dst):
-        old = dst.rstrip("/") + ".old-save"
-        if os.path.exists(old):
-            shutil.rmtree(old)
-        os.rename(dst, old)
-        os.rename(src, dst)
-        shutil.rmtree(old)
-    else:
-        os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
-        os.rename(src, dst)
+    files.replace_dir(tmp, path)

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import jax
 import orbax.checkpoint as ocp
 
-from jaxsearch import multihost
+from jaxsearch import files, multihost
 from jaxsearch.models import qwen2
+
+# what a params checkpoint holds (what versions before the `files.MARKER` wrote, recognised as ours)
+CHECKPOINT_LAYOUT = [("config.json", "params")]
 
 
 def save_params(path: str, config: qwen2.Qwen2Config, params) -> None:
-    """Write config + params to `path` (replaced only once the new checkpoint is complete).
+    """Write config + params to `path` (replaced only once the new checkpoint is complete, and only if it
+    is a params checkpoint or marked `files.MARKER`: else an OutputDirError, the new save kept in
+    `<path>.tmp-save`).
 
     With several processes every one must call it (each writes the shards it holds); process 0 alone
     touches the directories and config.json.
@@ -25,9 +29,7 @@ def save_params(path: str, config: qwen2.Qwen2Config, params) -> None:
     tmp = path + ".tmp-save"
     primary = jax.process_index() == 0
     if primary:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
+        files.fresh_save_dir(tmp, legacy=CHECKPOINT_LAYOUT)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config.to_hf_dict(), f, indent=2)
     multihost.sync(f"jaxsearch_save_params_start:{path}")
@@ -36,9 +38,7 @@ def save_params(path: str, config: qwen2.Qwen2Config, params) -> None:
     checkpointer.wait_until_finished()
     multihost.sync(f"jaxsearch_save_params_written:{path}")
     if primary:
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.rename(tmp, path)
+        files.replace_dir(tmp, path, legacy=CHECKPOINT_LAYOUT)
     multihost.sync(f"jaxsearch_save_params_done:{path}")
 
 
