@@ -19,6 +19,8 @@ batch of questions (already repeated `group_size` times by the data iterator):
 The trajectory holds exactly the token ids that were sampled (no decode -> re-encode of generated text);
 observations are encoded once, on their own, as the policy then sees them. Row i of a rollout samples with
 `fold_in(key, i)`: its randomness depends on the key and its index only, not on batch or micro-batch sizes.
+A served row (`requests`, agent/requests.py) may bring its own sampling settings, token cap, stop strings and
+seed; `events` streams what happens to each row as it happens, and `cancelled` ends rows early.
 So does SOAR's internal stream: its generation for row i's s-th search samples with fold_in(fold_in(k, i), s),
 k split from the key (`internal_keys`), whatever the scheduler, the micro-batch or the other rows' searches.
 """
@@ -35,8 +37,10 @@ import numpy as np
 
 from jaxsearch.agent import trajectories as traj_lib
 from jaxsearch.agent import protocols as protocols_lib
+from jaxsearch.agent import requests as requests_lib
 from jaxsearch.agent.protocols import AgentProtocol, initial_docs
-from jaxsearch.agent.sampler import STOP_BUDGET, Sampler, Segment
+from jaxsearch.agent.requests import EventStream, RowRequest, ServedRows
+from jaxsearch.agent.sampler import STOP_BUDGET, RowSampling, Sampler, Segment
 from jaxsearch.agent.slots import Slots, SlotState
 from jaxsearch.agent.trajectories import HINT, OBSERVATION, POLICY, Row, Trajectories
 from jaxsearch.config import EpisodeConfig
@@ -82,20 +86,30 @@ class AgentEngine:
         questions: Sequence[str],
         key: int | jax.Array,
         messages: Sequence[list[dict] | None] | None = None,
+        requests: Sequence[RowRequest | None] | None = None,
+        events: Callable[[requests_lib.Event], None] | None = None,
+        cancelled: Callable[[int], bool] | None = None,
     ) -> Trajectories:
         """One episode per question, in sampler calls of `limits.micro_batch` rows (lockstep) or in that
         many decode slots (`limits.scheduler` "slots").
 
         key: a PRNG key or int seed; row i samples with fold_in(key, i). messages: per row, chat messages that
         replace the protocol's prompt (a dataset's own prompt, `protocols.prompt_messages`); None keeps it.
+        requests: per row a `RowRequest` (its temperature, top_p, max_tokens, stop strings, seed) or None (the
+        engine's settings); given, the sampler runs in its per-row mode (one compile whatever the settings).
+        events: called with each `requests.Event` of a row as the episode runs (on this thread). cancelled:
+        cancelled(i) -> True ends row i at the next host turn ("cancelled").
         """
         key = as_key(key)
         sample_key, internal_key = jax.random.split(key)
+        keys = row_keys(sample_key, 0, len(questions))
+        served = ServedRows.build(self, len(questions), requests, events, cancelled)
+        if requests is not None:
+            keys = requests_lib.seeded_keys(keys, requests)
         scheduler = self.limits.scheduler
         if scheduler == "slots":
-            keys = row_keys(sample_key, 0, len(questions))
             internal = self._internal_stream(params, internal_key)
-            return self._episodes_in_slots(params, questions, keys, internal, messages)
+            return self._episodes_in_slots(params, questions, keys, internal, messages, served)
         if scheduler != "lockstep":
             raise ValueError(f"scheduler {scheduler!r}: expected 'lockstep' or 'slots'")
         n = self.limits.micro_batch or len(questions)
@@ -103,9 +117,10 @@ class AgentEngine:
             self._episodes(
                 params,
                 questions[i : i + n],
-                row_keys(sample_key, i, len(questions[i : i + n])),
+                keys[i : i + n],
                 self._internal_stream(params, internal_key, first=i),
                 None if messages is None else messages[i : i + n],
+                served.part(i, len(questions[i : i + n])),
             )
             for i in range(0, len(questions), n)
         ]
@@ -119,24 +134,31 @@ class AgentEngine:
 
     # ------------------------------------------------------------------------------- one sampler call
 
-    def _episodes(self, params, questions, keys, internal, messages) -> Trajectories:
+    def _episodes(self, params, questions, keys, internal, messages, served: ServedRows) -> Trajectories:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
+        stream = served.attach(rows, self.tokenizer)
         t = time.perf_counter()
         state = self.sampler.start(params, [r.prompt for r in rows], keys)
         clock["device"] += time.perf_counter() - t
         for turn in range(self.limits.max_turns + 1):
+            for i, row in enumerate(rows):
+                if not row.done and served.is_cancelled(i):
+                    requests_lib.cancel_row(row, [], self.tokenizer, stream, i)
             active = [i for i, r in enumerate(rows) if not r.done]
             if not active:
                 break
             budget = self._budgets(rows, active)
             t = time.perf_counter()
-            seg, state = self.sampler.decode(params, state, budget)  # host arrays: the device work is done
+            seg, state = self.sampler.decode(params, state, budget, served.settings)  # host arrays: done
             clock["device"] += time.perf_counter() - t
             searches, hints = self._act(rows, active, seg, budget, final=turn == self.limits.max_turns)
             observations = self._search(rows, searches, internal, clock)
             chunks = self._encode(rows, {**hints, **observations})
+            if stream is not None:
+                for i in active:
+                    stream.report(i)
             t = time.perf_counter()
             state = self.sampler.append(params, state, chunks)
             jax.block_until_ready(state.logits)
@@ -147,7 +169,9 @@ class AgentEngine:
 
     # ------------------------------------------------------------------------------- decode slots
 
-    def _episodes_in_slots(self, params, questions, keys, internal, messages) -> Trajectories:
+    def _episodes_in_slots(
+        self, params, questions, keys, internal, messages, served: ServedRows
+    ) -> Trajectories:
         """The same episodes as `_episodes`, in `limits.micro_batch` decode slots where rows never wait.
 
         Each loop: the host acts on the slots whose segment ended in the last call (parse, one retrieval for
@@ -164,9 +188,13 @@ class AgentEngine:
         t_start = time.perf_counter()
         clock = {"device": 0.0, "retrieval": 0.0, "host": 0.0}
         rows = self._start_rows(questions, messages, clock)
-        schedule = _SlotSchedule.start(self, params, rows, keys, internal, clock)
+        schedule = _SlotSchedule.start(self, params, rows, keys, internal, clock, served)
         act_first = True  # act before the next call while a retrieval takes less than half a decode call
         while schedule.busy:
+            if served.cancelled is not None:
+                schedule.cancel()
+                if not schedule.busy:
+                    break
             if schedule.ended and act_first:
                 schedule.act_on_ended()
             if not schedule.waiting:  # only then can slots be free
@@ -220,10 +248,14 @@ class AgentEngine:
         return rows
 
     def _budgets(self, rows: list[Row], active: list[int]) -> np.ndarray:
-        """[B] tokens each row may decode this turn (0: inactive): a segment, or what is left of the cache."""
+        """[B] tokens each row may decode this turn (0: inactive): a segment, or what is left of the cache
+        or of a request's max_tokens."""
         budget = np.zeros(len(rows), np.int32)
         for i in active:  # a row without room for a whole segment ends truncated (see `_act`)
             budget[i] = min(self.limits.max_segment_tokens, self.sampler.cache_len - rows[i].length)
+            request = rows[i].request
+            if request is not None and request.max_tokens is not None:
+                budget[i] = min(budget[i], request.max_tokens - rows[i].policy_tokens)
         return budget
 
     def _act(self, rows, active, seg, budget, final: bool) -> tuple[list[tuple[int, str]], dict]:
@@ -234,15 +266,25 @@ class AgentEngine:
         return searches, hints
 
     def _act_row(self, rows, i, segment: Segment, final: bool, searches: list, hints: dict) -> None:
-        """Record row i's segment and act on it: an answer or the last turn ends the row, a search goes to
-        `searches`, anything else gets the hint."""
+        """Record row i's segment and act on it: an answer, a request's stop string or max_tokens, or the last
+        turn ends the row, a search goes to `searches`, anything else gets the hint."""
         row, ids = rows[i], [int(t) for t in segment.tokens]
         text = self.tokenizer.decode(ids)
+        request, r = row.request, int(segment.stop) - self.sampler.table.request_stop_code()
+        if request is not None and 0 <= r < len(request.stop):  # the text is cut before the stop string
+            text = requests_lib.cut_at_stop(text, request.stop)
+            row.add(POLICY, ids, text, segment.logprobs, segment.entropy)
+            row.turns += 1
+            row.answer, row.done = requests_lib.stop_answer(self.protocol, text), True
+            row.finish = requests_lib.STOP
+            return
         row.add(POLICY, ids, text, segment.logprobs, segment.entropy)
         row.turns += 1
         action = self.protocol.parse_action(text)
         if action.kind == "answer":
             row.answer, row.done = action.content, True
+        elif request is not None and row.policy_tokens >= (request.max_tokens or np.inf):
+            row.done = True  # finish_reason "length"
         elif final:
             row.done = True
         elif action.kind == "search":
@@ -335,12 +377,18 @@ class _SlotSchedule:
     # prompt -> the slot that prefilled it since the last call
     fresh: dict = dataclasses.field(default_factory=dict)
     search_s: float = 0.0  # seconds of the last retrieval
+    served: ServedRows | None = None  # the rows' requests, events and cancels
+    stream: EventStream | None = None
+    slot_settings: RowSampling | None = None  # per-row mode: host arrays [n, ...], each slot's row's settings
 
     @classmethod
-    def start(cls, engine: AgentEngine, params, rows: list[Row], keys, internal, clock) -> _SlotSchedule:
+    def start(
+        cls, engine: AgentEngine, params, rows: list[Row], keys, internal, clock, served: ServedRows
+    ) -> _SlotSchedule:
         """`limits.micro_batch` slots (at most one per row), the first rows started in them."""
         slots = Slots(engine.sampler, engine.limits.steps_per_call)
         n = min(engine.limits.micro_batch or len(rows), len(rows))
+        settings = served.settings
         schedule = cls(
             engine,
             params,
@@ -348,13 +396,16 @@ class _SlotSchedule:
             internal,
             clock,
             slots,
-            slots.empty(n),
+            slots.empty(n) if settings is None else slots.empty(n, settings.stops.shape[-1]),
             key_data=np.asarray(jax.random.key_data(keys)),  # read before any call
             waiting=list(range(len(rows)))[::-1],
             occupant=[None] * n,
             decoding=np.zeros(n, bool),
             parts=[[] for _ in range(n)],
             budgets=np.zeros(n, np.int32),
+            served=served,
+            stream=served.attach(rows, engine.tokenizer),
+            slot_settings=None if settings is None else settings.take(np.zeros(n, np.int64)),
         )
         for slot in range(n):
             schedule.refill(slot)
@@ -377,6 +428,9 @@ class _SlotSchedule:
             if reset:
                 self.fresh[prompt] = slot
         self.occupant[slot], self.decoding[slot], self.parts[slot] = i, True, []
+        if self.slot_settings is not None:
+            for x, row_x in zip(_fields(self.slot_settings), _fields(self.served.settings)):
+                x[slot] = row_x[i]
 
     def refill(self, slot: int) -> None:
         """`slot` is free: the next waiting row, if any, starts in it."""
@@ -399,11 +453,30 @@ class _SlotSchedule:
         chunks = engine._encode(rows, {**hints, **observations})
         for slot, _ in self.ended:
             i = self.occupant[slot]
+            if self.stream is not None:
+                self.stream.report(i)
             if rows[i].done:
                 self.refill(slot)
             else:
                 self.begin(slot, i, chunks[i], reset=False)
         self.ended = []
+
+    def cancel(self) -> None:
+        """The rows cancelled since the last host turn end (`requests.cancel_row`): a waiting one at once, a
+        started one with what it decoded, its slot stopped and refilled."""
+        for i in [i for i in self.waiting if self.served.is_cancelled(i)]:
+            self.waiting.remove(i)
+            requests_lib.cancel_row(self.rows[i], [], self.engine.tokenizer, self.stream, i)
+        for slot, i in enumerate(self.occupant):
+            if i is None or not self.served.is_cancelled(i):
+                continue
+            requests_lib.cancel_row(self.rows[i], self.parts[slot], self.engine.tokenizer, self.stream, i)
+            if self.decoding[slot]:
+                self.state = self.slots.stop(self.state, slot)
+            self.decoding[slot], self.parts[slot] = False, []
+            self.ended = [(s, stop) for s, stop in self.ended if s != slot]
+            self.fresh = {prompt: s for prompt, s in self.fresh.items() if s != slot}  # its cache row goes
+            self.refill(slot)
 
     def compact(self) -> None:
         """Rows moved from the highest slots into the free ones: the calls decode fewer slots."""
@@ -413,7 +486,8 @@ class _SlotSchedule:
             if src < dst:
                 break
             self.state = self.slots.move(self.state, src, dst)
-            for x in (self.occupant, self.decoding, self.parts, self.budgets):
+            settings = () if self.slot_settings is None else _fields(self.slot_settings)
+            for x in (self.occupant, self.decoding, self.parts, self.budgets, *settings):
                 x[dst] = x[src]
             self.occupant[src], self.decoding[src], self.parts[src] = None, False, []
             self.ended = [(dst if slot == src else slot, stop) for slot, stop in self.ended]
@@ -425,7 +499,9 @@ class _SlotSchedule:
         if not in_call.any():
             return None
         dispatched = time.perf_counter()
-        out, self.state = self.slots.decode(self.params, self.state)
+        # a copy: the host changes its settings while the call runs
+        rows = None if self.slot_settings is None else jax.tree.map(np.copy, self.slot_settings)
+        out, self.state = self.slots.decode(self.params, self.state, rows)
         self.fresh.clear()  # their slots decode now
         return out, in_call, dispatched
 
@@ -441,10 +517,17 @@ class _SlotSchedule:
         self.clock["device"] += call_s if waited > 1e-3 else waited
         for slot in np.flatnonzero(in_call):
             self.parts[slot].append(result.piece(slot))
+            if self.stream is not None and result.length[slot]:
+                self.stream.partial(self.occupant[slot], np.concatenate([p[0] for p in self.parts[slot]]))
             if not result.active[slot]:
                 self.decoding[slot] = False
                 self.ended.append((int(slot), int(result.stop[slot])))
         return self.search_s < call_s / 2
+
+
+def _fields(settings: RowSampling) -> tuple[np.ndarray, ...]:
+    """The host arrays of `settings`, in field order."""
+    return tuple(getattr(settings, f.name) for f in dataclasses.fields(settings))
 
 
 def text_generator(sampler: Sampler, params, tokenizer) -> Callable[[list[list[dict]], jax.Array], list[str]]:

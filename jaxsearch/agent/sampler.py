@@ -47,6 +47,24 @@ class SamplingParams:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class RowSampling:
+    """Per-row sampling settings (the per-row mode; `agent.requests.row_sampling` builds them): traced, so
+    rows of different settings share a decode call and its compile. temperature [B] (0: greedy), top_p [B]
+    in (0, 1]; request stop strings stops [B, R, M] uint8 with stop_mask [B, R, M] (an all-False row of the
+    mask: no string). Stop code of request string r: `StopTable.request_stop_code(r)`."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    stops: jax.Array
+    stop_mask: jax.Array
+
+    def take(self, rows) -> "RowSampling":
+        """The settings of `rows` (host index / slice)."""
+        return jax.tree.map(lambda x: x[rows], self)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class StopTable:
     """Device-side tables for stop detection.
 
@@ -107,6 +125,10 @@ class StopTable:
     def num_stop_strings(self) -> int:
         return self.stops.shape[0]
 
+    def request_stop_code(self, r: int = 0) -> int:
+        """The stop code of a row's request stop string r (`RowSampling`): after the strings and eos ids."""
+        return self.num_stop_strings + self.eos_ids.shape[0] + r
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +145,8 @@ class SegmentResult:
     """One decoded segment, on the host. tokens/logprobs/entropy [B, N]; valid up to length [B].
 
     stop [B]: index of the stop string that ended the row, num_stop_strings + e for eos_ids[e], or
-    STOP_BUDGET (-1) when the budget / cache ran out or the row was inactive.
+    STOP_BUDGET (-1) when the budget / cache ran out or the row was inactive; in the per-row mode
+    `StopTable.request_stop_code(r)` for the row's request stop string r.
     """
 
     tokens: np.ndarray
@@ -214,14 +237,17 @@ def first_argmax(x):
     return jnp.minimum(first, v - 1)
 
 
-def sample_tokens(logits, keys, counters, sampling: SamplingParams):
+def sample_tokens(logits, keys, counters, sampling: SamplingParams, rows: RowSampling | None = None):
     """Sample one token per row. logits [B, V] fp32; keys [B] PRNG keys; counters [B] int (fold-in).
 
     Returns (tokens [B] int32, logprob [B], entropy [B]). logprob is under the sampling distribution
     (temperature, top-k, top-p); for greedy (temperature 0) it is the model's log-prob at temperature 1.
     entropy is of the full-vocabulary temperature-scaled distribution (temperature 1 for greedy).
+    rows: per-row temperature and top_p (the per-row mode; `sampling`'s top_k still applies to all rows).
     """
     logits = logits.astype(jnp.float32)
+    if rows is not None:
+        return _sample_per_row(logits, keys, counters, sampling.top_k, rows)
     if sampling.temperature == 0.0:
         tokens = first_argmax(logits)
         dist = logits
@@ -236,6 +262,29 @@ def sample_tokens(logits, keys, counters, sampling: SamplingParams):
     return tokens, logprob, entropy
 
 
+def _sample_per_row(logits, keys, counters, top_k: int, rows: RowSampling):
+    """`sample_tokens` with row b at temperature rows.temperature[b] and top_p rows.top_p[b], each row by the
+    conventions of `sample_tokens` for its own settings (greedy rows: first argmax, temperature-1 logprob and
+    entropy)."""
+    greedy = rows.temperature == 0.0
+    scaled = logits / jnp.where(greedy, 1.0, rows.temperature)[:, None]
+    dist = scaled
+    if top_k > 0:
+        kth = jax.lax.top_k(dist, top_k)[0][:, -1:]
+        dist = jnp.where(dist < kth, -jnp.inf, dist)
+    cutoff = jnp.where(rows.top_p[:, None] < 1.0, top_p_cutoff(dist, rows.top_p), -jnp.inf)
+    dist = jnp.where(dist < cutoff, -jnp.inf, dist)
+    dist = jnp.where(greedy[:, None], logits, dist)
+    row_keys = jax.vmap(jax.random.fold_in)(keys, counters)
+    sampled = jax.vmap(jax.random.categorical)(row_keys, dist).astype(jnp.int32)
+    tokens = jnp.where(greedy, first_argmax(logits), sampled)
+    logp_all = jax.nn.log_softmax(dist, axis=-1)
+    logprob = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+    full = jax.nn.log_softmax(scaled, -1)
+    entropy = -jnp.sum(jnp.exp(full) * full, axis=-1)
+    return tokens, logprob, entropy
+
+
 def roll_window(window, tok, table: StopTable):
     """Append each row's token bytes to its byte window [B, W], keeping the last W bytes."""
     n = table.token_len[tok]
@@ -243,22 +292,41 @@ def roll_window(window, tok, table: StopTable):
     return jnp.take_along_axis(full, n[:, None] + jnp.arange(window.shape[1])[None], axis=1)
 
 
-def window_size(table: StopTable) -> int:
-    """Bytes of generated text to keep: a stop string can start up to M - 1 bytes before the last token."""
-    return MAX_TOKEN_BYTES + table.stops.shape[1] - 1
+def window_size(table: StopTable, row_stop_bytes: int = 0) -> int:
+    """Bytes of generated text to keep: a stop string can start up to M - 1 bytes before the last token
+    (M: the longest of the table's strings and, in the per-row mode, `row_stop_bytes`)."""
+    return MAX_TOKEN_BYTES + max(table.stops.shape[1], row_stop_bytes) - 1
 
 
 def match_stops(window, table: StopTable):
     """window [B, W] uint8 -> stop index [B] of the first stop string found anywhere in it, or -1."""
-    b, w = window.shape
-    s, m = table.stops.shape
-    if s == 0:
-        return jnp.full((b,), -1, jnp.int32)
+    if table.num_stop_strings == 0:
+        return jnp.full((window.shape[0],), -1, jnp.int32)
+    return _first(_found(window, table.stops, table.stop_mask))
+
+
+def match_row_stops(window, rows: RowSampling):
+    """window [B, W] uint8 -> index [B] of the first of each row's own stop strings found in it, or -1."""
+    found = _found(window, rows.stops, rows.stop_mask) & jnp.any(rows.stop_mask, -1)  # an empty entry: none
+    return _first(found)
+
+
+def _found(window, stops, mask):
+    """window [B, W]; stops, mask [S, M] (every row's) or [B, S, M] (each row's own) -> [B, S]: stop string
+    s occurs in the row's window."""
+    w, m = window.shape[1], stops.shape[-1]
     padded = jnp.pad(window, ((0, 0), (0, m - 1)))
     idx = jnp.arange(w)[:, None] + jnp.arange(m)[None, :]  # [W, M]
     unfolded = padded[:, idx]  # [B, W, M]
-    eq = (unfolded[:, None] == table.stops[None, :, None]) | ~table.stop_mask[None, :, None]
-    found = jnp.any(jnp.all(eq, axis=-1), axis=-1)  # [B, S]
+    if stops.ndim == 2:  # [B, S, W, M]
+        eq = (unfolded[:, None] == stops[None, :, None]) | ~mask[None, :, None]
+    else:
+        eq = (unfolded[:, None] == stops[:, :, None]) | ~mask[:, :, None]
+    return jnp.any(jnp.all(eq, axis=-1), axis=-1)
+
+
+def _first(found):
+    """found [B, S] -> the first s found per row, or -1."""
     return jnp.where(jnp.any(found, axis=-1), jnp.argmax(found, axis=-1), -1)
 
 
@@ -297,6 +365,7 @@ def decode_loop(
     table: StopTable,
     sampling: SamplingParams,
     max_new: int,
+    rows: RowSampling | None = None,
 ) -> SegmentState:
     """Decode up to `max_new` tokens for each active row until it stops (stop string, EOS, no budget left).
 
@@ -304,7 +373,8 @@ def decode_loop(
     the row's last generated bytes (zeros at a segment's start). state's logits and keys are [B, ...]; its
     cache may hold more rows, of which the first B decode (the others are kept). The one loop under
     `decode_segment` (a whole segment per call) and the decode slots' `agent/slots.decode_steps` (a few tokens
-    per call).
+    per call). rows: the per-row mode's settings [B] (W must hold their stop strings: `window_size`); a
+    row's own stop string wins over the table's codes at the same token.
     """
     b = budget.shape[0]
     budget = jnp.minimum(budget, state.cache.max_len - state.cache.lengths[:b])  # never past the cache end
@@ -319,14 +389,17 @@ def decode_loop(
 
     def body(seg: SegmentState) -> SegmentState:
         st, active, length = seg.state, seg.active, seg.length
-        tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache.lengths[:b], sampling)
+        tok, logp, ent = sample_tokens(st.logits, st.keys, st.cache.lengths[:b], sampling, rows)
         logits, cache = qwen2.decode_step(config, params, st.cache, tok, active)
         code = _match_eos(tok, table)
         window = seg.window
-        if table.num_stop_strings:  # the byte scan only where there are stop strings
+        if table.num_stop_strings or rows is not None:  # the byte scan only where there are stop strings
             window = jnp.where(active[:, None], roll_window(seg.window, tok, table), seg.window)
             hit = match_stops(window, table)
             code = jnp.where(hit >= 0, hit, code)
+        if rows is not None:
+            hit = match_row_stops(window, rows)
+            code = jnp.where(hit >= 0, table.request_stop_code() + hit, code)
         budget = seg.budget - active
         return SegmentState(
             step=seg.step + 1,
@@ -367,15 +440,18 @@ def decode_segment(
     table: StopTable,
     sampling: SamplingParams,
     max_new: int,
+    rows: RowSampling | None = None,
 ):
     """Decode one segment: up to `max_new` tokens per row until each row stops.
 
-    budget [B] int32: per-row token limit for this segment (0 = row inactive). Returns
-    (tokens [B, N], logprobs [B, N], entropy [B, N], length [B], stop [B], new DecodeState).
+    budget [B] int32: per-row token limit for this segment (0 = row inactive); rows: the per-row mode's
+    settings [B] (`decode_loop`). Returns (tokens [B, N], logprobs [B, N], entropy [B, N], length [B],
+    stop [B], new DecodeState).
     """
     b = budget.shape[0]
-    window = jnp.zeros((b, window_size(table)), jnp.uint8)
-    out = decode_loop(config, params, state, budget > 0, budget, window, table, sampling, max_new)
+    row_stop_bytes = 0 if rows is None else rows.stops.shape[-1]
+    window = jnp.zeros((b, window_size(table, row_stop_bytes)), jnp.uint8)
+    out = decode_loop(config, params, state, budget > 0, budget, window, table, sampling, max_new, rows)
     return out.tokens, out.logprobs, out.entropy, out.length, out.stop, out.state
 
 
@@ -453,13 +529,17 @@ class Sampler:
             keys = jax.random.wrap_key_data(jnp.array(jax.random.key_data(seed), copy=True))
         return DecodeState(cache=cache, logits=logits, keys=keys)
 
-    def decode(self, params, state: DecodeState, budget) -> tuple[SegmentResult, DecodeState]:
-        """Decode one segment. budget: int or [B] ints (0 = row inactive this segment)."""
+    def decode(
+        self, params, state: DecodeState, budget, rows: RowSampling | None = None
+    ) -> tuple[SegmentResult, DecodeState]:
+        """Decode one segment. budget: int or [B] ints (0 = row inactive this segment); rows: per-row
+        settings [B] (the per-row mode; None: `sampling` for every row)."""
         b = state.logits.shape[0]
         budget = np.minimum(np.broadcast_to(np.asarray(budget, np.int32), (b,)), self.max_segment)
-        tokens, logprobs, entropy, length, stop, state = self._decode(
-            self.config, params, state, budget, self.table, self.sampling, self.max_segment
-        )
+        args = (self.config, params, state, budget, self.table, self.sampling, self.max_segment)
+        if rows is not None:  # rows=None is not passed: the default's call, as before the per-row mode
+            args += (jax.tree.map(self._rows, rows),)
+        tokens, logprobs, entropy, length, stop, state = self._decode(*args)
         # every process reads the whole batch back: the host side (parsing, retrieval) runs on all of them
         result = SegmentResult(*(multihost.to_host(x) for x in (tokens, logprobs, entropy, length, stop)))
         return result, state

@@ -69,9 +69,12 @@ class StepsResult:
         return self.tokens[slot, :k], self.logprobs[slot, :k], self.entropy[slot, :k]
 
 
-def decode_steps(config, params, slots: SlotState, table, sampling, steps: int, widths: tuple[int, ...] = ()):
+def decode_steps(
+    config, params, slots: SlotState, table, sampling, steps: int, widths: tuple[int, ...] = (), rows=None
+):
     """Up to `steps` tokens for each active slot. Returns ((tokens, logprobs, entropy, length, stop,
-    active), new SlotState).
+    active), new SlotState). rows: per-slot settings [n] (`sampler.RowSampling`, the per-row mode; the slots'
+    windows must hold their stop strings: `Slots.empty(n, per_row=True)`); None: `sampling` for all.
 
     widths (ascending, the last = n slots; () = (n,)): the call decodes the first `width` slots, the
     smallest width that holds every active slot (picked on the device): on CPU a step costs about its
@@ -86,7 +89,8 @@ def decode_steps(config, params, slots: SlotState, table, sampling, steps: int, 
             st = slots.decode
             head = DecodeState(cache=st.cache, logits=st.logits[:w], keys=st.keys[:w])  # the whole cache
             active, budget, window = slots.active[:w], slots.budget[:w], slots.window[:w]
-            out = decode_loop(config, params, head, active, budget, window, table, sampling, steps)
+            head_rows = None if rows is None else rows.take(slice(0, w))
+            out = decode_loop(config, params, head, active, budget, window, table, sampling, steps, head_rows)
 
             def put(whole, part):
                 return jax.lax.dynamic_update_slice_in_dim(whole, part, 0, axis=0)
@@ -204,10 +208,10 @@ class Slots:
         """Compiled variants of decode / insert / empty / copy / move (jax caches them per function)."""
         return sum(f._cache_size() for f in (self._decode, self._insert, self._empty, self._copy, self._move))
 
-    def empty(self, n: int) -> SlotState:
-        """n empty, inactive slots."""
+    def empty(self, n: int, row_stop_bytes: int = 0) -> SlotState:
+        """n empty, inactive slots; row_stop_bytes: the longest request stop string of the per-row mode."""
         s = self.sampler
-        return self._empty(s.config, n, s.cache_len, sampler_lib.window_size(s.table))
+        return self._empty(s.config, n, s.cache_len, sampler_lib.window_size(s.table, row_stop_bytes))
 
     def insert(
         self, params, state: SlotState, slot: int, ids: Sequence[int], budget: int, key=None
@@ -242,10 +246,18 @@ class Slots:
         """The row in slot `src` moved to slot `dst` (whose row is dropped), as it is; dispatches only."""
         return self._move(state, np.int32(src), np.int32(dst))
 
-    def decode(self, params, state: SlotState):
-        """Dispatch one decode call. Returns (device outputs for `fetch`, new SlotState)."""
+    def stop(self, state: SlotState, slot: int) -> SlotState:
+        """`slot` decodes no more (a cancelled row): moved onto itself it is left inactive; dispatches only."""
+        return self.move(state, slot, slot)
+
+    def decode(self, params, state: SlotState, rows=None):
+        """Dispatch one decode call. rows: per-slot settings [n] (`sampler.RowSampling`, the per-row mode).
+        Returns (device outputs for `fetch`, new SlotState)."""
         s, widths = self.sampler, slot_widths(state.active.shape[0], self.smallest_width)
-        return self._decode(s.config, params, state, s.table, s.sampling, self.steps_per_call, widths)
+        args = (s.config, params, state, s.table, s.sampling, self.steps_per_call, widths)
+        if rows is not None:  # rows=None is not passed: the default's call, as before the per-row mode
+            args += (jax.tree.map(s._rows, rows),)
+        return self._decode(*args)
 
     @staticmethod
     def fetch(out) -> StepsResult:

@@ -66,6 +66,10 @@ class Trajectories:
     timings: dict = dataclasses.field(metadata=dict(static=True))  # seconds: device (prefill, decode,
     # append), retrieval (incl. SOAR's internal stream), host (parsing, encoding, assembly); with decode slots
     # the host works while the device decodes: device is the time it was provably busy, host the rest
+    # per row: why it ended ("stop" | "length" | "cancelled", `Row.finish_reason`) and the tokens the policy
+    # sampled (the loss mask also marks Graph-R1's trained observation spans)
+    finish_reasons: list = dataclasses.field(default_factory=list, metadata=dict(static=True))
+    policy_tokens: list = dataclasses.field(default_factory=list, metadata=dict(static=True))
 
     @property
     def doc_ids(self) -> list[list[list[str]]]:
@@ -89,11 +93,24 @@ class Row:
         self.searches = 0
         self.done = False
         self.truncated = False
+        self.request = None  # a served row's `agent.requests.RowRequest` (None: the engine's settings)
+        self.finish: str | None = None  # where a request stop string or a cancel ended the row
 
     def add(self, kind, ids, text, logprobs=None, entropy=None):
         n = len(ids)
         self.chunks.append((kind, list(ids), _or_zeros(logprobs, n), _or_zeros(entropy, n)))
         self.texts.append((kind, text))
+
+    @property
+    def finish_reason(self) -> str:
+        """Why the row ended: "stop" (answered, or a request stop string), "length" (max_tokens, turns or
+        cache room ran out) or "cancelled"."""
+        return self.finish or ("stop" if self.answer is not None else "length")
+
+    @property
+    def policy_tokens(self) -> int:
+        """Tokens the policy sampled so far."""
+        return sum(len(c[1]) for c in self.chunks if c[0] == POLICY)
 
     @property
     def length(self) -> int:
@@ -195,6 +212,8 @@ def assemble(rows: list[Row], tokenizer, protocol, timings: dict) -> Trajectorie
         evidence=[parse_evidence(r) for r in responses],
         sources=[parse_source(r) for r in responses],
         timings=timings,
+        finish_reasons=[r.finish_reason for r in rows],
+        policy_tokens=[r.policy_tokens for r in rows],
     )
 
 
