@@ -9,7 +9,7 @@ Retrieval: launch/serve_retriever.py (BM25 over tests/data/corpus, 300 passages;
 subprocess. Small: one one-word query, sent back to back. Large: the most search work the default limits
 allow, (a) queries of --max-query-chars characters (corpus words) filling --max-body-bytes, (b)
 --max-queries questions of the test set. The small requests run from the moment the large one is sent until
-it is answered.
+it is answered; alone: 100 just before, and as many as fit in as long again (at most 30 s) just after.
 Agent: launch/serve_agent.py with the tiny searcher (jaxsearch.testing), default limits. Small: a test
 question; large: a question of --max-message-tokens tokens (the most the default allows), sent together so
 they share a batch; and the issue's case, 7 questions beside a 3.9 MB one (refused before batching).
@@ -90,11 +90,20 @@ def beside(large, small, repeat_small: bool = True) -> tuple[list[float], float]
     return latencies, out["large"]
 
 
+def back_to_back(small, seconds: float) -> list[float]:
+    """`small()` back to back for `seconds` -> its latencies."""
+    latencies, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        latencies.append(timed(small))
+    return latencies
+
+
 def row(what: str, alone: list[float], during: list[float], large_s: float) -> str:
     a, d = statistics.median(alone), statistics.median(during)
     p90 = sorted(during)[int(0.9 * (len(during) - 1))]
+    load = os.getloadavg()[0]  # the machine may be shared: a figure means little without it
     return (f"| {what} | {a * 1e3:.1f} | {d * 1e3:.1f} (p90 {p90 * 1e3:.1f}, n={len(during)}) | "
-            f"**{d / a:.2f}x** | {large_s:.1f} s |")
+            f"**{d / a:.2f}x** | {large_s:.1f} s | {load:.1f} |")
 
 
 def retrieval_rows(max_query_chars: int) -> list[str]:
@@ -137,8 +146,10 @@ def retrieval_rows(max_query_chars: int) -> list[str]:
                 with httpx.Client(timeout=600) as c:
                     c.post(url + "/retrieve", content=body, headers={"content-type": "application/json"}).raise_for_status()
 
-            alone = [timed(small) for _ in range(100)]  # just before: the machine's load drifts
+            # alone: just before and for as long again just after (the load of a shared machine drifts)
+            alone = [timed(small) for _ in range(100)]
             during, large_s = beside(large, small)
+            alone += back_to_back(small, min(large_s, 30.0))
             rows.append(row(f"retrieval: 1 one-word query beside {what} ({len(body) / 2**20:.1f} MiB)", alone, during, large_s))
         return rows
     finally:
@@ -219,8 +230,8 @@ def main() -> None:
     p.add_argument("--max-query-chars", type=int, default=0, help="the retrieval server's (0: its default)")
     args = p.parse_args()
     print(f"CPU: {cpu_name()}; python bench/server_latency.py; latencies in ms, median over the run\n")
-    print("| small request, beside | alone | beside the large one | ratio | large one took |")
-    print("|---|---|---|---|---|")
+    print("| small request, beside | alone | beside the large one | ratio | large one took | load average |")
+    print("|---|---|---|---|---|---|")
     for r in retrieval_rows(args.max_query_chars):
         print(r, flush=True)
     if not args.skip_agent:

@@ -4,6 +4,7 @@ small one, bodies nested 100k deep or not UTF-8, and a client that disconnects m
 
 The agent server runs here with a stub engine (a whitespace tokenizer and a rollout that records its
 questions): what is tested is the HTTP server, its limits and its batcher, not the model."""
+import asyncio
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from jaxsearch.retrieval.server import Limits
 from net import free_port
 from hang import HANG_S
 
+CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus", "corpus.jsonl")
 SLACK_S = 1.0  # past a deadline: the last attempt's teardown and the error, on a loaded machine
 
 
@@ -193,6 +195,96 @@ def test_a_small_query_does_not_wait_for_a_large_request(in_process_server):
     assert max(sum(map(len, c)) for c in calls) <= 200 and sum(len(c) for c in calls) == 301
 
 
+class PiecewiseBM25:
+    """BM25 over the shipped corpus, scoring as the server asks (`split_query`, `scores` piece by piece,
+    `top_docs`); records every piece scored, each taking `per_piece_s`."""
+
+    def __init__(self, per_piece_s):
+        from jaxsearch.retrieval.bm25 import BM25Retriever
+        from jaxsearch.retrieval.corpus import Corpus
+
+        self.bm25 = BM25Retriever.build(Corpus(CORPUS, progress=False), progress=False)
+        self.per_piece_s, self.pieces = per_piece_s, []
+
+    def split_query(self, query, max_chars):
+        return self.bm25.split_query(query, max_chars)
+
+    def scores(self, piece, into=None):
+        self.pieces.append(piece)
+        time.sleep(self.per_piece_s)
+        return self.bm25.scores(piece, into)
+
+    def top_docs(self, scores, k):
+        return self.bm25.top_docs(scores, k)
+
+
+def test_a_small_query_does_not_wait_for_a_long_query(in_process_server):
+    """Four queries of 16,384 characters (the default --max-query-chars) are scored in pieces of at most 256
+    characters (--max-batch-chars); a one-word query sent meanwhile is scored between two pieces of one
+    long query, and every answer is that of the whole query (before: each long query was one search call)."""
+    retriever = PiecewiseBM25(per_piece_s=0.001)
+    url = in_process_server(retriever)
+    words = open(CORPUS).read().split()
+    long_queries = [" ".join(words[i::4])[:Limits.max_query_chars] for i in range(4)]
+    finished = {}
+
+    def send_large():
+        r = httpx.post(url + "/retrieve", json={"queries": long_queries, "topk": 3, "return_scores": True},
+                       timeout=HANG_S)
+        finished["large"], finished["body"] = time.monotonic(), r.json()
+
+    thread = threading.Thread(target=send_large)
+    thread.start()
+    deadline = time.monotonic() + HANG_S
+    while not retriever.pieces and time.monotonic() < deadline:
+        time.sleep(0.005)
+    r = httpx.post(url + "/retrieve", json={"queries": ["River"], "topk": 3, "return_scores": True},
+                   timeout=HANG_S)
+    small_done = time.monotonic()
+    thread.join(timeout=HANG_S)
+    assert small_done < finished["large"]
+    small = retriever.pieces.index("River")
+    assert 0 < small < len(retriever.pieces) - 1  # between two pieces of the large request
+    large_pieces = [p for p in retriever.pieces if p != "River"]
+    assert "".join(large_pieces) == "".join(long_queries) and max(map(len, large_pieces)) <= 256
+    expected = [[{"document": {"id": d.id, "contents": d.contents}, "score": d.score} for d in docs]
+                for docs in retriever.bm25.search(long_queries + ["River"], 3)]  # whole queries, one by one
+    assert finished["body"]["result"] == expected[:4] and r.json()["result"] == expected[4:]
+    assert all(len(docs) == 3 for docs in expected)
+
+
+def test_the_search_thread_waits_while_the_event_loop_works_on_a_request(monkeypatch):
+    """The search thread starts no call while the event loop is working on a request (it would take the GIL
+    from it every switch interval): a query queued meanwhile is searched once that work ends, or after
+    LOOP_FIRST_S at the latest."""
+    from jaxsearch.retrieval import server
+
+    monkeypatch.setattr(server, "LOOP_FIRST_S", 0.5)
+    retriever = EchoRetriever()
+    batcher = server.Batcher(retriever, max_batch=8)
+    searched = []
+    retriever.search = lambda queries, k: searched.append(time.monotonic()) or EchoRetriever.search(retriever, queries, k)
+    batcher.start()
+
+    async def scenario(busy_s):
+        batcher.loop_working(+1)  # request A in hand (parsing, say)
+        batcher.loop_working(+1)  # request B, whose query is queued
+        t0 = time.monotonic()
+        search = asyncio.ensure_future(batcher.search(["b"], 1))
+        await asyncio.sleep(busy_s)  # A's work on the loop (asleep here: the GIL stays free for the thread)
+        batcher.loop_working(-1)
+        assert [[d.id for d in docs] for docs in await search] == [["b"]]
+        batcher.loop_working(-1)  # B answered
+        return searched[-1] - t0
+
+    try:
+        waited = asyncio.run(scenario(0.05))
+        assert 0.05 <= waited < 0.5  # until A's work ended, not the whole LOOP_FIRST_S
+        assert 0.5 <= asyncio.run(scenario(1.0)) < 0.95  # A's work went on: searched after LOOP_FIRST_S anyway
+    finally:
+        batcher.close()
+
+
 # ------------------------------------------------------------------------------------------- cases 4, 5, 7b: agent server
 
 
@@ -215,11 +307,12 @@ class StubEngine:
         self.limits = types.SimpleNamespace(max_segment_tokens=14)
         self.calls = []
 
-    def rollout(self, params, questions, key):
+    def rollout(self, params, questions, key, requests=None, events=None, cancelled=None):
         self.calls.append(list(questions))
         n = len(questions)
-        return types.SimpleNamespace(
+        return types.SimpleNamespace(  # the fields agent.requests.summarize reads
             answers=list(questions), prompt_lengths=np.ones(n, int), loss_mask=np.ones((n, 2)),
+            policy_tokens=np.full(n, 2), attention_mask=np.ones((n, 3)), finish_reasons=["stop"] * n,
             queries=[[] for _ in questions], docs=[[] for _ in questions], turns=np.ones(n, int),
             initial_docs=[[] for _ in questions], responses=list(questions), truncated=np.zeros(n, bool))
 

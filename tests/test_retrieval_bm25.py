@@ -203,3 +203,53 @@ def test_recall_on_shipped_queries(retriever):
     results = retriever.search([q["question"] for q in QUERIES], 5)
     recall = np.mean([recall_at_k(d, q["golden_answers"], 5) for d, q in zip(results, QUERIES)])
     assert recall >= 0.9
+
+
+def test_a_long_query_scored_in_pieces_is_the_whole_query(retriever, monkeypatch):
+    """The server scores a query longer than --max-batch-chars piece by piece (`split_query`, then `scores`
+    into the same array): the same float32 bits as bm25s's own scoring of the whole query, whatever the cut
+    or the postings per numpy call, and the numpy Lucene BM25 of Pyserini's terms."""
+    shipped = list(PYSERINI["query_terms"])
+    parts = []  # whole shipped queries (their terms are Pyserini's) up to the server's longest query
+    while sum(len(q) + 2 for q in parts) + len(shipped[len(parts) % len(shipped)]) <= 16384:
+        parts.append(shipped[len(parts) % len(shipped)])
+    long_query = "\n ".join(parts)
+    whole_terms = [t for q in parts for t in PYSERINI["query_terms"][q]]
+    vocab = retriever.model.vocab_dict
+    bm25s_scores = retriever.model.get_scores_from_ids([vocab[t] for t in whole_terms if t in vocab])
+    for max_chars in (1, 37, 256, 4096):
+        pieces = retriever.split_query(long_query, max_chars)
+        assert "".join(pieces) == long_query
+        assert all(len(p) <= max_chars or not any(c.isspace() for c in p[:-1]) for p in pieces)
+        scores = None
+        for piece in pieces:
+            scores = retriever.scores(piece, into=scores)
+        assert scores.dtype == np.float32 and scores.tobytes() == bm25s_scores.tobytes()
+    monkeypatch.setattr("jaxsearch.retrieval.bm25.POSTINGS_PER_CALL", 7)  # each term's postings a call
+    assert retriever.scores(long_query).tobytes() == bm25s_scores.tobytes()
+    reference = lucene_bm25(ref_passages(), long_query, 0.9, 0.4,
+                            tokens=lambda text: whole_terms if text == long_query else pyserini_terms(text))
+    np.testing.assert_allclose(bm25s_scores, reference, rtol=1e-5)
+    assert check_against(reference, retriever.search([long_query], 10)[0], 10) >= 5
+
+
+def test_cutting_at_whitespace_keeps_the_terms():
+    """Cut only after whitespace, a text's pieces have its terms in order: Lucene's word joins (U.S.A, don't,
+    1,000), possessives, CJK characters (a word each, no whitespace: a stretch longer than a piece stays
+    whole), a final sigma, combining accents, and every kind of whitespace."""
+    from jaxsearch.retrieval.bm25 import split_at_spaces
+
+    words = ["U.S.A.", "don't", "John's", "1,000", "3.14", "a:b", "foo_bar", "e-mail", "\u039f\u0394\u039f\u03a3",
+             "\u039f\u0394\u039f\u03a3's", "cafe\u0301", "\u6771\u4eac\u5927\u5b66" * 20, "(parens)", "C++", "x"]
+    spaces = [" ", "\t", "\n", "\u00a0", "\u3000", "\u2029", "  \n"]
+    text = "".join(words[i % len(words)] + spaces[i % len(spaces)] for i in range(300)) + "end"
+    for analyzer in (Analyzer(), PLAIN):
+        terms = analyzer.terms(text)
+        for max_chars in (1, 5, 50, 256):
+            pieces = split_at_spaces(text, max_chars)
+            assert "".join(pieces) == text
+            assert [t for p in pieces for t in analyzer.terms(p)] == terms
+            # longer only where no whitespace was within reach: a stretch without it, up to the first after it
+            assert all(len(p) <= max_chars or not any(c.isspace() for c in p[:-1]) for p in pieces)
+    assert split_at_spaces("\u6771" * 300, 256) == ["\u6771" * 300]
+    assert split_at_spaces("", 256) == [""] and split_at_spaces("ab cd", 3) == ["ab ", "cd"]

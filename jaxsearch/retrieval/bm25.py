@@ -42,10 +42,17 @@ _JOIN = r"(?:(?<=[^\W\d_])[.'\u2019:](?=[^\W\d_])|(?<=\d)[.,;'\u2019](?=\d))"
 STANDARD_TOKEN = re.compile(rf"[{_SINGLE}]|{_WORD}(?:{_JOIN}{_WORD})*")
 POSSESSIVE = ("'s", "\u2019s", "\uff07s")  # EnglishPossessiveFilter
 META_FILE = "meta.json"
+_SPACE = re.compile(r"\s")
+_UP_TO_LAST_SPACE = re.compile(r".*\s", re.DOTALL)
+# Index entries (term, passage) one `np.add.at` call adds at most, bar a term that has more (added from the
+# index as it is): bounds the copies a query's scoring makes (16 bytes an entry) on a large index
+POSTINGS_PER_CALL = 1 << 18
 MEMORY = """bm25   build: peak ~35 bytes per token after stopwords (bench/retrieval.py, 100k passages);
          wiki-18 (21M passages, ~1.3B tokens) wants ~45 GB. Search: the saved index (~6 bytes/token
          on disk, ~8 GB for wiki-18) is memory-mapped; RAM holds the vocabulary plus one float32
-         score per passage for the query being scored (84 MB for wiki-18)."""
+         score per passage for the query being scored (84 MB for wiki-18); the server scores a
+         query longer than --max-batch-chars in pieces: one such array per request with one
+         in progress."""
 
 
 def tokenize(text: str, stopwords: frozenset[str]) -> list[str]:
@@ -95,6 +102,21 @@ class Analyzer:
         if "analyzer" not in meta:
             return cls(tokenizer="word2", stopwords=tuple(meta["stopwords"]), stemmer="none")
         return cls(**meta["analyzer"])
+
+
+def split_at_spaces(text: str, max_chars: int) -> list[str]:
+    """`text` in pieces of at most `max_chars` characters, each cut just after a whitespace character.
+    No term spans whitespace and the analysis of a word does not look past it, so the pieces' terms, in
+    order, are the text's. A stretch of more than `max_chars` characters without whitespace stays whole."""
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        cut = _UP_TO_LAST_SPACE.match(text, start, start + max_chars) or _SPACE.search(text, start + max_chars)
+        if cut is None:
+            break
+        pieces.append(text[start:cut.end()])
+        start = cut.end()
+    pieces.append(text[start:])
+    return pieces
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -164,18 +186,45 @@ class BM25Retriever:
         model = bm25s.BM25.load(path, mmap=mmap)
         return cls(corpus, model, analyzer)
 
-    def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every passage for one query: [num_docs] float32."""
+    def split_query(self, query: str, max_chars: int) -> list[str]:
+        """`query` in pieces whose `scores` add up to its own, bit for bit (`split_at_spaces`); whole for
+        bm25l / bm25+, whose per-query constant is summed over all the terms at once."""
+        if self.model.nonoccurrence_array is not None:
+            return [query]
+        return split_at_spaces(query, max_chars)
+
+    def scores(self, query: str, into: np.ndarray | None = None) -> np.ndarray:
+        """BM25 score of every passage for `query`: [num_docs] float32, added into `into` in place when given.
+
+        bm25s's `get_scores_from_ids` in fewer numpy calls, the same float32 additions in the same order (so
+        the same bits): each term's postings added in query order, up to `POSTINGS_PER_CALL` at a time."""
+        scores = np.zeros(len(self.corpus), dtype=self.model.dtype) if into is None else into
         vocab = self.model.vocab_dict
-        ids = [vocab[w] for w in self.analyzer.terms(query) if w in vocab]
-        if not ids:
-            return np.zeros(len(self.corpus), dtype=np.float32)
-        return self.model.get_scores_from_ids(ids)
+        ids = np.array([vocab[w] for w in self.analyzer.terms(query) if w in vocab], dtype=np.int64)
+        if not len(ids):
+            return scores
+        indptr, indices, data = (self.model.scores[key] for key in ("indptr", "indices", "data"))
+        starts = indptr[ids].astype(np.int64)
+        lengths = indptr[ids + 1] - starts
+        ends = np.cumsum(lengths)  # in the terms' postings laid end to end
+        i = 0
+        while i < len(ids):  # terms i..j-1 at a time
+            j = max(i + 1, int(np.searchsorted(ends, ends[i] - lengths[i] + POSTINGS_PER_CALL, "right")))
+            if j == i + 1:  # one term: its postings as they are in the index (no copy)
+                at = slice(starts[i], starts[i] + lengths[i])
+            else:  # their postings' positions, term after term
+                at = np.repeat(starts[i:j] - (ends[i:j] - lengths[i:j]), lengths[i:j]) + np.arange(
+                    ends[i] - lengths[i], ends[j - 1])
+            np.add.at(scores, indices[at], data[at])
+            i = j
+        if self.model.nonoccurrence_array is not None:  # bm25l / bm25+: as bm25s adds it
+            scores += self.model.nonoccurrence_array[ids].sum()
+        return scores
+
+    def top_docs(self, scores: np.ndarray, k: int) -> list[Doc]:
+        """The passages of the `k` largest positive `scores`, best first (ties by lower row)."""
+        rows = top_k(scores, k)
+        return self.corpus.docs(rows, scores[rows])
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
-        out = []
-        for q in queries:
-            s = self.scores(q)
-            rows = top_k(s, k)
-            out.append(self.corpus.docs(rows, s[rows]))
-        return out
+        return [self.top_docs(self.scores(q), k) for q in queries]
