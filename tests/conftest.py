@@ -5,6 +5,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One torch/BLAS thread per process: pytest-xdist runs one worker per core, and torch's second OpenMP thread,
+# spinning for a core that another process holds, made each MiniLM query encode (the hypergraph searches) 12x
+# the CPU time and 0.7 s instead of 0.05 s on a busy 2-core machine. The tests' subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # One persistent XLA compilation cache for this test session, in-process and in the training subprocesses the
 # tests start (they inherit the environment): runs of the same tiny shapes (a run, its killed copy, its resume)
 # compile each program once. Removed at exit; compiles under a second are not cached (JAX's default).
@@ -30,6 +34,27 @@ import time
 import pytest
 
 from net import free_port
+
+
+# The xdist groups whose module fixtures load the tiny trained searcher (`testing.train_tiny_searcher`): the
+# first caller trains it (~1.5 minutes) while any other waits on its lock, so they run as one group, on one
+# worker, and the other worker meanwhile runs tests that do not need it.
+TINY_SEARCHER_GROUPS = {"evaluate", "serve_agent", "serve_openai"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (pyproject.toml's default) with the TINY_SEARCHER_GROUPS as one group."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class TinySearcherScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tiny_searcher" if scope in TINY_SEARCHER_GROUPS else scope
+
+    return TinySearcherScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items):

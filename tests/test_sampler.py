@@ -201,19 +201,19 @@ def test_top_k_and_top_p_sample_only_allowed_tokens():
     for b in range(4):  # smallest prefix of sorted tokens whose mass reaches 0.6
         cum = np.cumsum(probs[b, order[b]])
         nucleus.append(set(order[b, : int(np.searchsorted(cum, 0.6)) + 1]))
-    seen_k, seen_p = [set() for _ in range(4)], [set() for _ in range(4)]
-    for c in range(200):
-        counters = jnp.full((4,), c)
-        tk, lpk, _ = S.sample_tokens(logits, keys, counters, S.SamplingParams(1.0, top_k=3))
-        tp, _, _ = S.sample_tokens(logits, keys, counters, S.SamplingParams(1.0, top_p=0.6))
-        for b in range(4):
-            seen_k[b].add(int(tk[b]))
-            seen_p[b].add(int(tp[b]))
-            # log-prob under the renormalised top-3 distribution
-            z = probs[b, list(top3[b])].sum()
-            np.testing.assert_allclose(float(lpk[b]), np.log(probs[b, int(tk[b])] / z), atol=1e-5)
-    assert all(seen_k[b] == top3[b] for b in range(4))
-    assert all(seen_p[b] == nucleus[b] for b in range(4))
+    # 200 draws of each row (fold-in counters 0..199) in one call: rows are sampled independently, so row
+    # c * 4 + b is draw c of row b
+    rows = np.tile(np.arange(4), 200)
+    counters = jnp.repeat(jnp.arange(200), 4)
+    tk, lpk, _ = S.sample_tokens(logits[rows], keys[rows], counters, S.SamplingParams(1.0, top_k=3))
+    tp, _, _ = S.sample_tokens(logits[rows], keys[rows], counters, S.SamplingParams(1.0, top_p=0.6))
+    tk, lpk, tp = np.asarray(tk).reshape(200, 4), np.asarray(lpk).reshape(200, 4), np.asarray(tp).reshape(200, 4)
+    for b in range(4):
+        # log-prob under the renormalised top-3 distribution
+        z = probs[b, list(top3[b])].sum()
+        np.testing.assert_allclose(lpk[:, b], np.log(probs[b, tk[:, b]] / z), atol=1e-5)
+    assert all(set(tk[:, b].tolist()) == top3[b] for b in range(4))
+    assert all(set(tp[:, b].tolist()) == nucleus[b] for b in range(4))
 
 
 def test_top_p_cutoff_keeps_the_nucleus_of_a_sort_and_cumulative_sum():
