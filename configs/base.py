@@ -34,6 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
         remat=True,
         logprob_chunk=512,
         attention_chunk=512,  # query chunk of the training forward's attention (0: dense)
+        # prefill / training attention: reference | xla | cudnn | auto (cuDNN flash on a GPU for bf16 / fp16,
+        # reference elsewhere; models/attention.py)
+        attention_impl="auto",
         scan_layers=False,  # training passes scan the layers (the 7B/14B configs: bounds fsdp gathers)
         vocab_size=0,
         hidden_size=0,

@@ -55,6 +55,9 @@ class ModelConfig:
     # checkpoint's config.json names its own
     family: str = "qwen2"
     head_dim: int = 0  # explicit sizes: per-head dims (0: hidden_size // num_attention_heads)
+    # prefill / training attention (models/attention.py IMPLS): reference | xla | cudnn | auto (cuDNN's flash
+    # attention on a GPU for bf16 / fp16, else reference)
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         if self.family not in ("qwen2", "qwen3"):
@@ -356,6 +359,7 @@ _OPTIONAL = {
 }
 # "section.key" -> (allowed values) or a (test, what) pair
 _CHECKS = {
+    "model.attention_impl": ("reference", "xla", "cudnn", "auto"),
     "tokenizer.kind": ("qwen", "word"),
     "retriever.kind": ("bm25", "dense", "remote", "hypergraph"),
     "initial_retriever.kind": ("bm25", "dense", "remote", "hypergraph"),

@@ -21,6 +21,7 @@ def _runtime_fields(m) -> dict:
         remat=m.remat,
         logprob_chunk=m.logprob_chunk,
         attention_chunk=m.attention_chunk,
+        attention_impl=m.attention_impl,
         scan_layers=m.scan_layers,
     )
 

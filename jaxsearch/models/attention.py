@@ -1,5 +1,6 @@
-"""Grouped-query attention over a key/value context: the dense form (prefill, training, accelerators) and
-the CPU decode form (one query per row over the KV cache as laid out).
+"""Grouped-query attention over a key/value context: the dense form (prefill, training, accelerators), its
+fused alternatives through `jax.nn.dot_product_attention` (`IMPLS`), and the CPU decode form (one query per
+row over the KV cache as laid out).
 
 Shapes: q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head j reads kv head j // (H / K));
 mask [B, T, S] bool (True = the query sees that key). Scores and softmax in fp32.
@@ -16,20 +17,69 @@ from jaxsearch.models.spans import SPAN_BLOCK, SPANS_FROM, cache_spans, first_sp
 
 NEG = -1e30  # finite "minus infinity" for masked logits: a fully masked (padding) row stays finite
 
+# How a chunk of T > 1 queries (prefill, appends, training) attends (`Qwen2Config.attention_impl`):
+#   reference  `_attend_dense` below, the [B, H, T, S] scores in memory (chunked by `chunk`)
+#   xla        jax.nn.dot_product_attention(implementation=None): XLA's choice (jax 0.10: its own einsum and
+#              softmax, scores in memory, chunked like reference)
+#   cudnn      cuDNN's flash attention (GPU; bf16 / fp16; head_dim a multiple of 8, <= 128): no scores in
+#              memory, so `chunk` does not apply; the mask goes in as an additive [B, 1, T, S] bias
+#   auto       cudnn where it applies (`resolve_impl`), else reference: its softmax normalised after the
+#              weighted sum lands closer to float64 (below), and on CPU xla was no steadier a win (0.7-1.1x)
+IMPLS = ("reference", "xla", "cudnn", "auto")
 
-def attend(q, k, v, mask, chunk: int = 0):
+
+def attend(q, k, v, mask, chunk: int = 0, impl: str = "reference"):
     """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
 
     Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
     With 0 < chunk < T, queries go `chunk` at a time (T padded up to a multiple) through a `lax.map` whose
     body is rematerialised, so only one chunk's [B, H, chunk, S] scores are live, forward or backward.
-    A decode step (T = 1) compiled for CPU takes `attend_decode_cpu`.
+    impl: one of IMPLS, for T > 1. A decode step (T = 1) takes the reference forms whatever impl: compiled for
+    CPU with chunk 0, `attend_decode_cpu`.
     """
     if q.shape[1] == 1 and chunk == 0:
         return jax.lax.platform_dependent(
             q, k, v, mask, cpu=attend_decode_cpu, default=functools.partial(_attend_dense, chunk=0)
         )
+    impl = "reference" if q.shape[1] == 1 else resolve_impl(impl, q.dtype, q.shape[-1])
+    if impl == "cudnn":
+        return _attend_cudnn(q, k, v, mask)
+    if impl == "xla":
+        return _chunked(_attend_xla, q, k, v, mask, chunk)
     return _attend_dense(q, k, v, mask, chunk)
+
+
+def resolve_impl(impl: str, dtype, head_dim: int) -> str:
+    """The implementation `attend` runs for `impl` (IMPLS) on the default backend, for inputs of `dtype` and
+    `head_dim`: "auto" is cudnn on a GPU for bf16 / fp16 and a head_dim cuDNN's flash attention takes (a
+    multiple of 8, <= 128: jax's `check_is_flash_attention` before Hopper), else reference."""
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl {impl!r}: expected one of {', '.join(IMPLS)}")
+    if impl != "auto":
+        return impl
+    fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if fits and jax.default_backend() == "gpu" else "reference"
+
+
+def _attend_xla(q, k, v, mask):
+    """One chunk through jax.nn.dot_product_attention, implementation None (XLA picks). q, k, v cast to
+    q's dtype (the call wants one dtype); it masks with -0.7 x the dtype's max, so a fully masked query
+    also gets a uniform average."""
+    dt = q.dtype
+    return jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask[:, None])
+
+
+def _attend_cudnn(q, k, v, mask):
+    """cuDNN's flash attention over the whole T (nothing chunked). Its backward with a mask (as a bias) takes
+    only even T and S (jax's `check_is_flash_attention`), so an odd T or S is padded by one (a masked key, a
+    dropped query)."""
+    t, s, dt = q.shape[1], k.shape[1], q.dtype
+    pt, ps = t % 2, s % 2
+    q = jnp.pad(q, ((0, 0), (0, pt), (0, 0), (0, 0)))
+    k, v = (jnp.pad(x.astype(dt), ((0, 0), (0, ps), (0, 0), (0, 0))) for x in (k, v))
+    mask = jnp.pad(mask, ((0, 0), (0, pt), (0, ps)))
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
+    return out[:, :t]
 
 
 def attend_decode_cpu(q, k, v, mask):
@@ -124,17 +174,28 @@ def _fixed_order(x, op, pad):
     return total
 
 
-def _attend_dense(q, k, v, mask, chunk: int):
+def _chunked(kernel, q, k, v, mask, chunk: int):
+    """kernel(q, k, v, mask) over queries `chunk` at a time (0 or >= T: at once), as `attend` describes."""
     b, t, h, d = q.shape
-    if 0 < chunk < t:
-        n = -(-t // chunk)
-        pad = n * chunk - t
-        q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        q_chunks = q_chunks.reshape(b, n, chunk, h, d).swapaxes(0, 1)  # [n, B, chunk, H, D]
-        m_chunks = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
-        one = jax.checkpoint(lambda qm: _attend_dense(qm[0], k, v, qm[1], 0))
-        out = jax.lax.map(one, (q_chunks, m_chunks)).swapaxes(0, 1).reshape(b, n * chunk, h, d)
-        return out[:, :t]
+    if not 0 < chunk < t:
+        return kernel(q, k, v, mask)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q_chunks = q_chunks.reshape(b, n, chunk, h, d).swapaxes(0, 1)  # [n, B, chunk, H, D]
+    m_chunks = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
+    one = jax.checkpoint(lambda qm: kernel(qm[0], k, v, qm[1]))
+    out = jax.lax.map(one, (q_chunks, m_chunks)).swapaxes(0, 1).reshape(b, n * chunk, h, d)
+    return out[:, :t]
+
+
+def _attend_dense(q, k, v, mask, chunk: int):
+    """The reference attention (`attend`'s impl "reference"), chunked by `chunk`."""
+    return _chunked(_attend_reference, q, k, v, mask, chunk)
+
+
+def _attend_reference(q, k, v, mask):
+    b, t, h, d = q.shape
     kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)

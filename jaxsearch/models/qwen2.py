@@ -137,7 +137,7 @@ class Attention(nn.Module):
         k = _constrain(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"))
         v = _constrain(v, ("batch", "length", "kv_heads", "head_dim"))
         k_all, v_all, new_kv = kv_write(k, v)
-        out = attend(q, k_all, v_all, mask, cfg.attention_chunk)
+        out = attend(q, k_all, v_all, mask, cfg.attention_chunk, cfg.attention_impl)
         # one [B*T, H*D] x [H*D, E] matmul: contracting (h, d) as two axes made XLA:CPU transpose the
         # weight on every decode step
         b, t = out.shape[:2]

@@ -19,6 +19,8 @@ import json
 
 import jax.numpy as jnp
 
+from jaxsearch.models.attention import IMPLS
+
 FAMILIES = ("qwen2", "qwen3")  # transformers' model_type of each
 
 
@@ -46,6 +48,7 @@ class Qwen2Config:
     scan_layers: bool = False  # cache-free passes run the layers in a lax.scan over stacked params: each
     #                            layer's gathered (fsdp) weights and gradients live for one iteration only
     family: str = "qwen2"  # qwen2 | qwen3 (FAMILIES): see the module docstring
+    attention_impl: str = "auto"  # prefill / training attention: reference | xla | cudnn | auto (IMPLS)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -62,6 +65,10 @@ class Qwen2Config:
                     f"num_attention_heads={self.num_attention_heads}; set head_dim"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.attention_impl not in IMPLS:
+            raise ValueError(
+                f"Qwen2Config.attention_impl={self.attention_impl!r}: expected one of {', '.join(IMPLS)}"
+            )
         for field in ("dtype", "param_dtype"):
             if getattr(self, field) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(
