@@ -70,8 +70,24 @@ def test_tiny_plan_argument_bytes_and_verdict():
     assert r["kv_cache"]["per_device"] == r["kv_cache"]["total"] // 4 + 0  # rows split over fsdp
     assert r["fits"] is True
 
+    # the breakdown: the step's arguments by hand, every term adding up to the compiler's figure
+    b = r["breakdown"]["train_step"]
+    assert list(b["arguments"].values()) == [params, 2 * params, 4 * 4 + batch] and b["padding"] == 0
+    assert b["resident"]["reference policy (its params)"] == params
+    itemised = sum(t["bytes"] for t in b["temps"].values())
+    assert b["itemised"] and 0 < itemised <= mem["temp"] + mem["output"] - mem["alias"]
+    terms = sum(b["arguments"].values()) + itemised + b["remainder"] + sum(b["resident"].values())
+    assert terms == b["total"] == r["phases"]["train_step"] == mem["total"] + params
+    d = r["breakdown"]["rollout"]
+    kv = f"KV cache ({r['rollout_rows']} rows x 64 tokens, split over the mesh)"
+    assert d["arguments"][kv] == r["kv_cache"]["per_device"]
+    assert sum(d["arguments"].values()) == r["decode_step"]["memory"]["argument"]
+    # an fp32 model: nothing bf16 for XLA:CPU to copy to fp32, so the TPU / GPU figure is the CPU one
+    assert r["peak_accelerator"] == r["peak"]
+
     tiny = run_plan("--mesh", "fsdp=4", "--target", "0.0001", *TINY)
     assert "DOES NOT FIT" in tiny and "train_step" in tiny
+    assert "optimizer moments (2 copies of the weights)" in tiny and "remainder" in tiny
 
 
 def test_mesh_with_tensor_and_data_axes():
@@ -162,3 +178,59 @@ def test_tiny_plan_counts_the_decode_layout_copy(mesh, layout):
     others = r["resident"]["reference_params"] + r["resident"]["critic_state"]
     expected = r["decode_step"]["memory"]["total"] + others + r["resident"]["policy_state"]
     assert r["phases"]["rollout"] == expected
+
+
+def test_peak_buffers_name_xla_cpus_fp32_copy_of_a_bf16_weight():
+    """A bf16 matmul in a loop: XLA:CPU converts the weight to fp32 once, outside the loop, and keeps the copy
+    live; the dump's peak holds it (256 x 256 x 4 bytes), flagged as an upcast of a live value: all of it is
+    CPU-only. A TPU / GPU figure keeps none of it; on the TPU backend nothing is discounted."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsearch import plan
+    from jaxsearch.plan import breakdown
+
+    def f(w, x):
+        return jax.lax.fori_loop(0, 4, lambda i, h: jnp.tanh(h @ w), x)
+
+    w = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+    mem, _ = plan.compile_fn(jax.jit(f), w, x)
+    buffers = {b["name"]: b for b in mem["peak_buffers"]}
+    (copy,) = [b for b in buffers.values() if b["upcast"]]  # the only fp32 convert of a bf16 value
+    assert copy["shape"] == "f32[256,256]" and copy["bytes"] == 256 * 256 * 4 and copy["source_live"]
+    args = [b for b in buffers.values() if b["allocation"] == "argument"]
+    assert sorted(b["bytes"] for b in args) == [64 * 256 * 2, 256 * 256 * 2]
+    assert sum(b["bytes"] for b in args) == mem["argument"]
+    facts = dict(vocab=1000, hidden=256, layers=2, seq={100, 99}, whole={256 * 256}, shard=set(), kv=set())
+    cpu = breakdown.itemise_temps(mem["peak_buffers"], facts, "cpu")
+    assert cpu["gathered"] == dict(bytes=256 * 256 * 4, cpu_upcast=256 * 256 * 4, cpu_excess=256 * 256 * 4)
+    tpu = breakdown.itemise_temps(mem["peak_buffers"], facts, "tpu")
+    assert all(t["cpu_upcast"] == 0 for t in tpu.values())
+    assert sum(t["bytes"] for t in cpu.values()) <= mem["temp"] + mem["output"]
+
+
+def test_classify_buffer_by_shape():
+    """eka_7b's shapes at fsdp=8 (vocab 152064, hidden 3584, 28 layers, 4096 tokens, 8 rows per device)."""
+    from jaxsearch.plan import breakdown
+
+    facts = dict(
+        vocab=152064,
+        hidden=3584,
+        layers=28,
+        seq={4096, 4095},
+        whole={152064 * 3584, 3584 * 37888},  # embedding, one layer's gate/up, whole
+        shard={152064 * 448, 28 * 448 * 37888},  # their fsdp=8 shards, the layers' stacked
+        kv=set(),
+    )
+    c = lambda s: breakdown.classify_buffer(s, facts)
+    assert c("f32[3584,152064]") == "gathered" and c("bf16[37888,3584]") == "gathered"
+    assert c("f32[448,152064]") == "weight_shaped" and c("f32[28,448,2,18944]") == "weight_shaped"
+    assert c("f32[8,512,152064]") == "logits" and c("f32[4096,152064]") == "logits"
+    assert c("bf16[28,8,4095,3584]") == "checkpoints"
+    assert c("f32[32760,37888]") == "activations" and c("f32[8,4,7,512,4095]") == "activations"
+    assert c("f32[64,1]") == "other" and c("s32[]") == "other"
+    kv = dict(facts, kv={64 * 4096 * 4 * 128, 28 * 64 * 4096 * 4 * 128})
+    assert breakdown.classify_buffer("f32[64,4096,4,128]", kv) == "kv"
+    # a decode step keeps no layer inputs for a backward
+    assert breakdown.classify_buffer("f32[28,8,4096,3584]", kv) == "activations"

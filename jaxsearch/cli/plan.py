@@ -3,11 +3,19 @@
 [--config.key=value ...]
 
 Builds the abstract policy / reference / AdamW state (and the critic for PPO), AOT-compiles the train step
-and the decode step over a mesh of the --mesh size, and prints XLA's per-device memory analysis.
+and the decode step over a mesh of the --mesh size, and prints XLA's per-device memory analysis and each
+phase (the update, the rollout) term by term: the exact terms (weights, optimizer moments, reference, KV
+cache, the rollout's copy of the weights: the shapes the step takes, the same on any backend), the
+temporaries live at the compiled step's memory peak (from XLA's buffer liveness: gathered weights,
+gradients, remat checkpoints, one layer's activations, logits; these depend on the backend's compiler) and the
+remainder of the compiler's figure that no live buffer accounts for.
 
---backend cpu (default): fake CPU devices. XLA's CPU compiler computes bf16 in fp32 and its scheduler undoes
-rematerialisation, so this is an upper bound. --backend tpu: abstract TPU v5p chips compiled by libtpu (no
-TPU needed; `pip install -e ".[tpu]"`): the plan a pod would run, and the closer proxy for GPUs too.
+--backend cpu (default): fake CPU devices. XLA:CPU has no bf16 arithmetic: it makes fp32 copies of bf16
+values (the decode step's weights and KV cache, the remat checkpoints), which a TPU or GPU does not; the
+report names them ("CPU-only") and gives the peak without them beside the CPU figure, and the verdict uses
+that. --backend tpu: abstract TPU v5p chips compiled by libtpu (no TPU needed; `pip install -e ".[tpu]"`):
+the plan a pod would run, and the closer proxy for GPUs too. On a GPU, JAX preallocates 75% of the memory
+unless XLA_PYTHON_CLIENT_MEM_FRACTION says more (0.9 for a plan near the budget).
 """
 
 import os
@@ -32,6 +40,8 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_N}"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the breakdown reads XLA's dump of each compile: a persistent compilation cache hit would compile nothing
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 
 from absl import app, flags  # noqa: E402

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import tempfile
 import time
 
 import jax
@@ -25,8 +26,10 @@ from jaxsearch.agent.policy import model_config
 from jaxsearch.rl import algorithms
 from jaxsearch.rl import train_step as ts
 from jaxsearch.models.sharding import decode_param_shardings, param_shardings
+from jaxsearch.plan.estimate import HARDWARE as HARDWARE, format_estimate as format_estimate
+from jaxsearch.plan.estimate import step_time_estimate as step_time_estimate
+from jaxsearch.plan.breakdown import GB, format_breakdown, peak_buffers, shape_facts, step_breakdown
 
-GB = 1e9
 # memory per device in bytes (the marketing numbers: H100 80 GB, v5p 95 GB, H200 141 GB)
 TARGETS = {"h100-80gb": 80 * GB, "v5p-95gb": 95 * GB, "h200-141gb": 141 * GB}
 
@@ -199,24 +202,28 @@ def largest_arrays(hlo_text: str, n: int = 5) -> list[tuple[str, int]]:
 
 
 def compile_fn(jitted, *args) -> tuple[dict, float]:
-    """AOT-compile the jitted function on abstract `args`; (memory analysis + largest arrays, compile s)."""
+    """AOT-compile the jitted function on abstract `args`; (memory analysis + largest arrays + the buffers
+    live at the memory peak (`peak_buffers`, from XLA's dump of this one compile), compile s)."""
     start = time.perf_counter()
     lowered = jitted.lower(*args)
-    try:
-        compiled = lowered.compile()
-    except jax.errors.JaxRuntimeError as e:
-        # a TPU compiler refuses a program larger than its HBM; it says how much the temporaries need
-        need = _HBM_NEED.search(str(e))
-        if need is None:
-            raise
-        mem = dict(argument=device_bytes(args), output=0, temp=int(float(need.group(1)) * 2**30), alias=0)
-        mem.update(generated_code=0, compiled=False, largest_arrays=[])
-        mem["total"] = mem["argument"] + mem["temp"]
-        return mem, time.perf_counter() - start
-    seconds = time.perf_counter() - start
-    mem = memory(compiled)
-    mem["compiled"] = True
-    mem["largest_arrays"] = largest_arrays(compiled.as_text())
+    # a persistent compilation cache hit compiles nothing and so dumps nothing (launch/plan.py turns it off)
+    with tempfile.TemporaryDirectory(prefix="jaxsearch-plan-") as dump:
+        try:
+            compiled = lowered.compile(compiler_options={"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
+        except jax.errors.JaxRuntimeError as e:
+            # a TPU compiler refuses a program larger than its HBM; it says how much the temporaries need
+            need = _HBM_NEED.search(str(e))
+            if need is None:
+                raise
+            mem = dict(argument=device_bytes(args), output=0, temp=int(float(need.group(1)) * 2**30), alias=0)
+            mem.update(generated_code=0, compiled=False, largest_arrays=[], peak_buffers=[])
+            mem["total"] = mem["argument"] + mem["temp"]
+            return mem, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        mem = memory(compiled)
+        mem["compiled"] = True
+        mem["largest_arrays"] = largest_arrays(compiled.as_text())
+        mem["peak_buffers"] = peak_buffers(dump)
     return mem, seconds
 
 
@@ -291,6 +298,62 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dic
     return compile_fn(jitted, config, params, state, budget, table, sampling, r.max_segment_tokens)
 
 
+def _state_arguments(state: ts.TrainState, batch: dict, weights: str) -> dict:
+    """A train step's arguments by term: the weights, the optimizer's moments (the params-shaped subtrees of
+    its state), its counters with the step's, and the batch."""
+    treedef = jax.tree_util.tree_structure(state.params)
+    is_moment = lambda n: jax.tree_util.tree_structure(n) == treedef
+    moments = [n for n in jax.tree_util.tree_leaves(state.opt_state, is_leaf=is_moment) if is_moment(n)]
+    moment_bytes = sum(device_bytes(n) for n in moments)
+    rest = device_bytes(state) - device_bytes(state.params) - moment_bytes
+    return {
+        weights: device_bytes(state.params),
+        f"optimizer moments ({len(moments)} copies of the weights)": moment_bytes,
+        "counters and update batch" if batch else "counters": rest + device_bytes(batch),
+    }
+
+
+def phase_breakdowns(
+    config, cfg, resident: dict, train: tuple, critic: tuple | None, rollout: tuple, backend
+) -> dict:
+    """`plan`'s phases term by term (`breakdown.step_breakdown`): the update (the train step; the reference
+    and critic resident), PPO's critic update (the policy's state and the reference resident), and the rollout
+    (the decode step; the train state resident). train, critic: (step memory, state, batch, params);
+    rollout: (decode step memory, decode params, cache)."""
+    width, layout = cfg.rollout.cache_len, cfg.rollout.decode_layout
+    if config.weight_dtype == config.compute_dtype:
+        weights = f"policy weights ({config.param_dtype}; no separate master copy)"
+    else:
+        weights = f"policy weights ({config.param_dtype} master; {config.dtype} casts per use)"
+    mem, state, batch, params = train
+    policy_state = _state_arguments(state, {}, weights)
+    reference = {"reference policy (its params)": resident["reference_params"]}
+    beside = dict(reference, **{"critic state": resident["critic_state"]})
+    facts = shape_facts(config, params, width)
+    out = {"train_step": step_breakdown(mem, _state_arguments(state, batch, weights), beside, facts, backend)}
+    if critic:
+        mem, c_state, c_batch, c_params = critic
+        arguments = _state_arguments(c_state, c_batch, weights.replace("policy", "critic"))
+        facts = shape_facts(config, c_params, width)
+        out["critic_step"] = step_breakdown(mem, arguments, dict(policy_state, **reference), facts, backend)
+    mem, decode_params, cache = rollout
+    if layout == "train":
+        arguments = {"policy weights (read in place: the train layout)": policy_state.pop(weights)}
+    else:
+        arguments = {
+            f"rollout copy of the weights ({config.dtype}, {layout} layout)": device_bytes(decode_params)
+        }
+    arguments[f"KV cache ({cache.lengths.shape[0]} rows x {width} tokens, split over the mesh)"] = (
+        device_bytes(cache)
+    )
+    arguments["decode state (last logits, keys, flags, stop table; + padding)"] = mem["argument"] - sum(
+        arguments.values()
+    )
+    facts = shape_facts(config, decode_params, width, cache)
+    out["rollout"] = step_breakdown(mem, arguments, dict(policy_state, **beside), facts, backend)
+    return out
+
+
 def plan(
     cfg, mesh_shape: dict[str, int], target: str = "h100-80gb", headroom: float = 0.1, backend: str = "cpu"
 ) -> dict:
@@ -344,16 +407,21 @@ def plan(
 
     # phases: the update (policy state in the step, the reference / critic resident beside it) and the
     # rollout (the whole train state stays resident; the decode step reads the params, or their decode
-    # layout copy, and the cache: both are among its arguments)
-    others = resident["reference_params"] + resident["critic_state"]
-    phases = {"train_step": train["total"] + others}
-    if critic:
-        phases["critic_step"] = (
-            critic["memory"]["total"] + resident["policy_state"] + resident["reference_params"]
-        )
-    in_decode_args = resident["policy_params"] if layout == "train" else 0
-    phases["rollout"] = decode["total"] + others + resident["policy_state"] - in_decode_args
+    # layout copy, and the cache: both are among its arguments), term by term
+    breakdown = phase_breakdowns(
+        config,
+        cfg,
+        resident,
+        (train, state, batch, params),
+        critic and (critic["memory"], c_state, c_batch, c_params),
+        (decode, decode_params, cache),
+        backend,
+    )
+    phases = {name: b["total"] for name, b in breakdown.items()}
+    for step in (train, decode) + ((critic["memory"],) if critic else ()):
+        step.pop("peak_buffers", None)  # itemised above; thousands of entries
     peak = max(phases.values())
+    peak_accelerator = max(b["accelerator"] for b in breakdown.values())
     capacity = target_bytes(target)
     budget = capacity * (1 - headroom)
     return dict(
@@ -379,9 +447,11 @@ def plan(
         kv_cache=dict(per_device=kv, total=kv_total(cache)),
         resident=resident,
         phases=phases,
+        breakdown=breakdown,
         peak=peak,
+        peak_accelerator=peak_accelerator,
         target=dict(name=target, capacity=capacity, headroom=headroom, budget=budget),
-        fits=bool(peak <= budget),
+        fits=bool(peak_accelerator <= budget),
     )
 
 
@@ -433,92 +503,18 @@ def format_report(r: dict) -> str:
         if s is not None:
             big = ", ".join(f"{a} {b / GB:.2f}" for a, b in s["memory"]["largest_arrays"][:3])
             lines.append(f"largest arrays in {name} (GB per device): {big}")
+    lines += [""] + format_breakdown(r)
     t = r["target"]
-    verdict = "FITS" if r["fits"] else "DOES NOT FIT"
+    verdict = lambda b: "FITS" if b <= t["budget"] else "DOES NOT FIT"
     lines.append("")
     lines.append(
-        f"peak {r['peak'] / GB:.2f} GB per device vs {t['name']} {t['capacity'] / GB:.0f} GB "
-        f"(budget {t['budget'] / GB:.1f} GB with {t['headroom']:.0%} headroom): {verdict}"
+        f"peak {r['peak'] / GB:.2f} GB per device as compiled for {r['backend']} vs {t['name']} "
+        f"{t['capacity'] / GB:.0f} GB (budget {t['budget'] / GB:.1f} GB with {t['headroom']:.0%} headroom): "
+        f"{verdict(r['peak'])}"
     )
+    if r["backend"] == "cpu":
+        lines.append(
+            f"peak on a TPU / GPU {r['peak_accelerator'] / GB:.2f} GB per device (the CPU figure less "
+            f"XLA:CPU's fp32 copies of bf16 values): {verdict(r['peak_accelerator'])}"
+        )
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------- step time
-
-# Per chip: dense bf16 FLOP/s, HBM bytes/s, and the bytes/s one chip receives in an all-gather over its
-# interconnect (v5p: 4,800 Gbps ICI = 600 GB/s; H100 SXM: NVLink 900 GB/s bidirectional = 450 GB/s in).
-HARDWARE = {
-    "v5p": dict(flops=459e12, hbm=2.765e12, gather=600e9),
-    "h100": dict(flops=989e12, hbm=3.35e12, gather=450e9),
-}
-
-
-def step_time_estimate(
-    cfg,
-    chips: int,
-    hardware: str,
-    mfu: float = 0.4,
-    seq_len: int = 2048,
-    decode_steps: int | None = None,
-    tensor: int = 1,
-) -> dict:
-    """Seconds per RL step of config `cfg` on `chips` chips, from FLOPs and bytes (no measurement):
-
-    update    (6 + 2 remat) N T for fwd + bwd per token, + 2 x 2 N T for the old-policy and reference
-              log-prob passes (4 when kl_coef = 0 and a single epoch: no reference); T = rows x seq_len;
-              at `mfu` of the chips' peak
-    rollout   `decode_steps` sequential steps (default max_turns x max_segment_tokens, every segment running
-              to its budget: an upper bound) per rollout micro-batch; each step is bound by the slowest of
-              all-gathering the bf16 weights (decode layout "train": the sampler reads the fsdp-sharded
-              params), reading the KV cache (split over the chips) and the weights from HBM (a chip reads
-              1 / chips of them in the train layout, all of them replicated, 1 / tensor of them
-              tensor-parallel over a `tensor` axis of that size), and its FLOPs
-    """
-    cfg = RunConfig.from_dict(cfg)
-    config = model_config(cfg.model)
-    hw = HARDWARE[hardware]
-    n = config.num_params()
-    rows = cfg.data.batch_size * cfg.data.group_size
-    tokens = rows * seq_len
-    passes = 8 + 2 + (2 if (cfg.algo.kl_coef or cfg.algo.kl_in_reward) else 0)
-    if cfg.algo.advantage == "gae":
-        passes *= 2  # the critic: its own forward, backward and value pass
-    update_flops = passes * n * tokens
-    update_s = update_flops / (chips * hw["flops"] * mfu)
-
-    steps = decode_steps or cfg.rollout.max_turns * cfg.rollout.max_segment_tokens
-    micro = cfg.rollout.micro_batch or rows
-    n_micro = -(-rows // micro)
-    weight_bytes = 2 * n  # bf16
-    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
-    kv_bytes = micro * seq_len * kv_per_token  # the cache read by each step (average context seq_len)
-    layout = cfg.rollout.decode_layout
-    gather_s = weight_bytes * (chips - 1) / chips / hw["gather"] if layout == "train" else 0.0
-    weights_read = {"train": weight_bytes / chips, "replicated": weight_bytes, "tensor": weight_bytes / tensor}
-    hbm_s = (weights_read[layout] + kv_bytes / chips) / hw["hbm"]
-    flops_s = 2 * n * micro / (chips * hw["flops"])
-    per_step = max(gather_s, hbm_s, flops_s)
-    rollout_s = n_micro * steps * per_step
-    return dict(
-        chips=chips,
-        hardware=hardware,
-        update_tflop=update_flops / 1e12,
-        update_s=update_s,
-        decode_step_ms=per_step * 1e3,
-        decode_bound="all-gather" if per_step == gather_s else ("hbm" if per_step == hbm_s else "flops"),
-        rollout_s=rollout_s,
-        step_s=update_s + rollout_s,
-        assumptions=dict(
-            mfu=mfu, seq_len=seq_len, decode_steps=steps, rollout_micro_batches=n_micro, decode_layout=layout
-        ),
-    )
-
-
-def format_estimate(e: dict) -> str:
-    a = e["assumptions"]
-    return (
-        f"estimated step on {e['chips']} x {e['hardware']}: {e['step_s']:.0f} s = update {e['update_s']:.0f} s "
-        f"({e['update_tflop'] / 1e3:.0f} PFLOP at {a['mfu']:.0%} MFU) + rollout <= {e['rollout_s']:.0f} s "
-        f"({a['rollout_micro_batches']} x {a['decode_steps']} decode steps of {e['decode_step_ms']:.1f} ms, "
-        f"{e['decode_bound']}-bound, decode layout {a['decode_layout']}); {a['seq_len']} tokens per row on average"
-    )
