@@ -38,6 +38,7 @@ EXTRAS = {
         "transformers==5.24.0",
         "rank-bm25==0.2.2",
         "jinja2==3.1.6",
+        "openai>=3.63,<4",  # tests/test_serve_openai.py: the served agent through the official client
     ]
     + TFDS,
     "tfds": TFDS,

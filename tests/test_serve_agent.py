@@ -77,6 +77,7 @@ def served(tiny):
                 truncated=bool(traj.truncated[i]),
                 prompt_tokens=int(traj.prompt_lengths[i]),
                 sampled=int(traj.loss_mask[i].sum()),
+                context=int(traj.attention_mask[i].sum()),
             )
     server = make_server(engine, params, MODEL, "127.0.0.1", 0, MAX_BATCH, 200.0)
     serve_in_thread(server)
@@ -100,7 +101,7 @@ def check_against_direct(body, question, served):
     (choice,) = body["choices"]
     assert choice["message"] == {"role": "assistant", "content": ref["answer"] or ""}
     assert choice["finish_reason"] == ("length" if ref["answer"] is None else "stop")
-    agent = body["search_agent"]
+    agent = choice["search_agent"]
     assert agent["response"] == ref["response"] and agent["turns"] == ref["turns"]
     assert agent["truncated"] == ref["truncated"] and agent["initial_docs"] == []
     assert [[d["id"] for d in s["docs"]] for s in agent["searches"]] == ref["doc_ids"]
@@ -113,6 +114,8 @@ def check_against_direct(body, question, served):
     usage = body["usage"]
     assert usage["prompt_tokens"] == ref["prompt_tokens"] and usage["completion_tokens"] == ref["sampled"]
     assert usage["total_tokens"] == ref["prompt_tokens"] + ref["sampled"]
+    # the rest of the direct rollout's context: observation tokens, counted apart
+    assert usage["retrieved_tokens"] == ref["context"] - ref["prompt_tokens"] - ref["sampled"]
 
 
 # ------------------------------------------------------------------------------------------- routes
@@ -121,12 +124,16 @@ def check_against_direct(body, question, served):
 def test_models(served):
     r = httpx.get(served["url"] + "/v1/models")
     assert r.status_code == 200
-    assert r.json() == {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "jaxsearch"}]}
+    (model,) = r.json()["data"]
+    assert r.json()["object"] == "list" and isinstance(model.pop("created"), int)
+    assert model == {"id": MODEL, "object": "model", "owned_by": "jaxsearch"}
 
 
 def test_answer_equals_the_direct_greedy_rollout(served):
     q = served["questions"][0]
-    r = chat(served["url"], q, temperature=0, n=1, max_tokens=64, seed=3, top_p=1.0, unknown_field={"x": 1})
+    # the server's own sampling restated, a cap it does not reach, and fields accepted at their "off" value
+    r = chat(served["url"], q, temperature=0, n=1, max_tokens=10**6, seed=3, top_p=1.0, user="u", metadata={"a": "b"},
+             store=False, presence_penalty=0, frequency_penalty=0.0, logprobs=False, logit_bias={}, tools=[])
     assert r.status_code == 200, r.text
     body = r.json()
     check_against_direct(body, q, served)
@@ -150,12 +157,9 @@ def test_stream_deltas_equal_the_completion(served):
     q = served["questions"][1]
     plain = chat(served["url"], q).json()
     events = []
-    with httpx.stream(
-        "POST",
-        served["url"] + "/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": q}], "stream": True},
-        timeout=HANG_S,
-    ) as r:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": q}], "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", served["url"] + "/v1/chat/completions", json=body, timeout=HANG_S) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line:
@@ -166,12 +170,20 @@ def test_stream_deltas_equal_the_completion(served):
     assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks)
     assert len({c["id"] for c in chunks}) == 1
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
-    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    # the usage chunk last, with no choices (OpenAI's include_usage)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == plain["usage"]
+    choices = [c["choices"][0] for c in chunks[:-1]]
+    content = "".join(c["delta"].get("content", "") for c in choices)
     assert content == plain["choices"][0]["message"]["content"]
-    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
-    last = chunks[-1]
-    assert last["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
-    assert last["search_agent"] == plain["search_agent"] and last["usage"] == plain["usage"]
+    assert [c["finish_reason"] for c in choices[:-1]] == [None] * (len(choices) - 1)
+    last = choices[-1]
+    assert last["finish_reason"] == plain["choices"][0]["finish_reason"]
+    assert last["search_agent"] == plain["choices"][0]["search_agent"]
+    # the episode streamed: the policy's text, searches and observations concatenate to the response
+    agent = [c["delta"]["search_agent"] for c in choices if "search_agent" in c["delta"]]
+    assert "".join(a.get("text", "") for a in agent) == plain["choices"][0]["search_agent"]["response"]
+    searches = [{"query": a["query"], "docs": a["docs"]} for a in agent if a["type"] == "search"]
+    assert searches == plain["choices"][0]["search_agent"]["searches"]
 
 
 def test_concurrent_clients_get_their_own_answers(served):
@@ -226,9 +238,9 @@ BAD = [
     ({"model": MODEL, "messages": [{"role": "system", "content": "s"}]}, "messages"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": " "}]},
      "messages[1].content"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "n": 2}, "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "n": MAX_BATCH + 1}, "n"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "temperature": "hot"}, "temperature"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "temperature": 0.7}, "temperature"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "temperature": 2.5}, "temperature"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "temperature": -1}, "temperature"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "stream": "yes"}, "stream"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 0}, "max_tokens"),
@@ -322,7 +334,7 @@ def test_help_and_bad_input(tiny, tmp_path):
     proc = cli("--help")
     assert proc.returncode == 0
     for flag in ("--checkpoint", "--protocol", "--eka-tags", "--retriever", "--url", "--max-batch",
-                 "--batch-wait-ms", "--host", "--model-name", "--temperature", "--cache-len"):  # fmt: skip
+                 "--batch-wait-ms", "--host", "--model-name", "--temperature", "--cache-len", "--run"):  # fmt: skip
         assert flag in proc.stdout
     args = list(map(str, cli_args(tiny)))
     cases = [

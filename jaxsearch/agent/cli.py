@@ -17,10 +17,13 @@ from jaxsearch.config import EpisodeConfig
 EPISODE = EpisodeConfig()  # the defaults of the rollout flags
 
 
-def add_agent_arguments(p: argparse.ArgumentParser) -> tuple:
+def add_agent_arguments(p: argparse.ArgumentParser, checkpoint_required: bool = True) -> tuple:
     """The checkpoint, tokenizer and dtype, and the "agent" and "retrieval" argument groups (returned, so a
-    launcher can add its own flags to them)."""
-    p.add_argument("--checkpoint", required=True, help="HF safetensors dir or jaxsearch params dir")
+    launcher can add its own flags to them). `checkpoint_required` False: the launcher checks it (serve's
+    --run replaces it)."""
+    p.add_argument(
+        "--checkpoint", required=checkpoint_required, default="", help="HF safetensors dir or jaxsearch params dir"
+    )
     p.add_argument("--tokenizer", default="qwen", help="qwen, or a word tokenizer JSON (synthetic world)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="params and compute")
     agent = p.add_argument_group("agent")

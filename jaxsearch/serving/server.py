@@ -1,44 +1,60 @@
 """A search agent behind OpenAI's chat-completions API; concurrent requests share one batched rollout.
 
     server = make_server(engine, params, "my-agent", port=8000)    # engine: agent.engine.AgentEngine
-    server.serve_forever()                                          # launch/serve_agent.py does this
+    server.serve_forever()                                          # jaxsearch/cli/serve_agent.py does this
 
-`GET /v1/models` -> `{"object": "list", "data": [{"id": NAME, "object": "model", "owned_by": "jaxsearch"}]}`.
+`GET /v1/models` -> `{"object": "list", "data": [MODEL]}`; `GET /v1/models/{id}` -> MODEL
+`{"id", "object": "model", "created", "owned_by": "jaxsearch"}` (another id: 404 `model_not_found`).
 
-`POST /v1/chat/completions` takes OpenAI's body (`model`, `messages`, optional `stream`, `temperature`,
-`max_tokens`, `n`, `seed`; other fields are ignored). The question is the content of the last `user`
-message (a string, or a list of `{"type": "text", "text": ...}` parts, joined); other messages are not
-shown to the agent: it runs its own protocol's prompt around the question and its full search loop
-(`AgentEngine.rollout`). The reply is OpenAI's `chat.completion` with the agent's answer as the assistant
-message, `finish_reason` "stop" (it answered) or "length" (no answer: out of turns or cache room; the
-content is then ""), `usage` (prompt tokens; completion tokens = the tokens the policy sampled,
-observations not counted) and an extra `search_agent` field: turns, each search's query (as the engine
-parsed it from the policy segment that asked for it: `Trajectories.queries`) and retrieved docs
-`{id, title, text}`, EKA's initial docs, the whole response text, and whether the episode ran out of cache
-room.
+`POST /v1/chat/completions` takes OpenAI's body. The question is the content of the last `user` message (a
+string, or a list of `{"type": "text", "text": ...}` parts, joined); other messages are not shown to the
+agent: it runs its own protocol's prompt around the question and its full search loop (`AgentEngine.rollout`).
+Honoured, each a per-row setting of the rollout (`agent.requests.RowRequest`; rows of different settings
+share one decode call):
+- `temperature` [0, 2] (0: greedy) and `top_p` (0, 1]; absent: the server's --temperature / --top-p;
+- `max_tokens` / `max_completion_tokens`: a cap on the tokens the policy samples over the whole episode
+  (retrieved passages do not count); reached: finish_reason "length", no answer;
+- `stop`: a string or up to 4, each 1..32 UTF-8 bytes; the policy writing one ends the episode there
+  (finish_reason "stop"; the answer is the protocol's answer before it, or the text after an opened answer
+  tag, else "");
+- `seed` (0..2**32-1): the row samples with fold_in(key(seed), choice), whatever else is in the batch;
+  without it, the batch's key (not reproducible);
+- `n` (1..--max-batch): n rows of the question, one choice each;
+- `stream`, `stream_options.include_usage`.
+Accepted and ignored (bookkeeping): `user`, `metadata`, `store`, `service_tier`, `safety_identifier`,
+`prompt_cache_key`. Accepted only at their "off" value, else a 400 naming them: `presence_penalty`,
+`frequency_penalty` (0), `logit_bias` ({}), `logprobs` (false), `tools` ([]), `response_format`
+({"type": "text"}), ... (`chat_request.NEUTRAL`). Any other field: a 400 naming it. Nothing is silently
+ignored.
 
-`stream: true` answers with server-sent events as OpenAI does: a chunk with `delta {"role": "assistant"}`
-at once, then, once the rollout is done, a chunk with the answer as `delta {"content": ...}`, a last chunk
-with `finish_reason`, `usage` and `search_agent`, and `data: [DONE]`. The answer is not streamed token by
-token: it is known only when the episode ends.
+The reply is OpenAI's `chat.completion`: per choice the agent's answer as the assistant message,
+`finish_reason` "stop" (answered, or a stop string) or "length" (no answer: max_tokens, out of turns or
+cache room; the content is then ""), and an extra `search_agent` field (`replies.search_agent`: turns, each
+search's query and retrieved docs `{id, title, text}`, EKA's initial docs, the whole response text, cache
+truncation); `usage` (`replies.usage`): prompt_tokens (once for the n choices), completion_tokens = the
+tokens the policy sampled, total_tokens = their sum, and `retrieved_tokens` = observation and hint tokens
+appended (counted in neither).
 
-Batching: a worker thread takes the pending requests (up to `max_batch`, waiting at most `batch_wait_s`
-after the first), pads them to `max_batch` rows with the last question (one compiled shape, as
-`eval.evaluate.run_batch` does) and runs one `engine.rollout` for all. Greedy rows do not disturb each
-other, so a greedy answer does not depend on what it was batched with. The batch is lockstep: a request
-arriving during a rollout waits for the next one.
+`stream: true` answers with server-sent events as the episode runs: a chunk `delta {"role": "assistant"}`
+per choice at once; per decode call the policy's new text, and each search (query and docs) and the text
+appended after it, as `delta {"search_agent": {"type": ..., ...}}` (`replies.event_delta`: the texts
+concatenate to the choice's `search_agent.response`); when a choice's row ends, its answer as
+`delta {"content": ...}` and a chunk with its `finish_reason` and `search_agent`; with
+`stream_options.include_usage` a last chunk with empty `choices` and the `usage`; then `data: [DONE]`. A
+request is answered when its own rows end, not when its batch does.
 
-Sampling is the engine's (`--temperature` of launch/serve_agent.py; greedy by default). A request's
-`temperature` must be absent, null or equal to it (else 400); `seed` is checked and, as `max_tokens`, not
-used: the engine's limits (turns, segment tokens, cache length) bound an episode. With temperature > 0
-batch b samples with `fold_in(key(seed), b)`, row i of it as the engine does.
+Batching (`batcher.Batcher`): a worker thread takes the pending requests (whole requests, up to `max_batch`
+rows, waiting at most `batch_wait_s` after the first), pads them to `max_batch` rows (one compiled shape;
+the padding rows are cancelled from the start) and runs one `engine.rollout` for all. A client that
+disconnects (noticed while its reply is pending, every POLL_S) has its rows cancelled: they end at the
+next host turn and free their slots.
 
 Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`: 400 `invalid_request_error` naming
-the bad field in `param` (`messages[1].content`, `temperature`, ...), 404 for an unknown path or model,
-405 for a wrong method, 500 `server_error` when a rollout fails. A question whose prompt leaves the cache no
-room to act gets a 400 (param `messages`) without failing the requests batched with it.
+the bad field in `param` (`messages[1].content`, `temperature`, `logit_bias`, ...), 404 for an unknown path
+or model, 405 for a wrong method, 500 `server_error` when a rollout fails. A question whose prompt leaves the
+cache no room to act gets a 400 (param `messages`) without failing the requests batched with it.
 
-Limits (`Limits`; launch/serve_agent.py's flags), each checked before the work it bounds and answered with
+Limits (`Limits`; the command's flags), each checked before the work it bounds and answered with
 an error naming it: body bytes from Content-Length, before reading (413, --max-body-bytes); UTF-8 and JSON
 nesting depth before parsing (400, `retrieval.request_limits`); the question's tokens in the HTTP thread,
 before it joins a batch (400 `context_length_exceeded`, --max-message-tokens; a question over 16 characters
@@ -49,28 +65,31 @@ is logged in one line.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import http.server
 import json
 import queue
+import select
+import socket
 import threading
 import time
+import urllib.parse
 import uuid
-from concurrent.futures import Future
-
-import numpy as np
 
 from jaxsearch.retrieval.request_limits import too_large
-from jaxsearch.serving.chat_request import ChatRequest, RequestError, parse_chat_request
+from jaxsearch.serving.batcher import Batcher, Job
+from jaxsearch.serving.chat_request import ChatRequest, Defaults, RequestError, parse_chat_request
+from jaxsearch.serving.replies import chunk, completion, event_delta, search_agent, usage
 
 MODELS_PATH = "/v1/models"
 CHAT_PATH = "/v1/chat/completions"
+# how often a pending reply checks that its client is still connected (seconds)
+POLL_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one request may hold (launch/serve_agent.py's flags)."""
+    """What one request may hold (the command's flags)."""
 
     max_body_bytes: int = 4 << 20  # --max-body-bytes
     max_message_tokens: int | None = None  # --max-message-tokens; None: what the cache leaves (`make_server`)
@@ -81,174 +100,7 @@ class Limits:
 CHARS_PER_TOKEN_BOUND = 16
 
 
-# ------------------------------------------------------------------------------------------- episodes
-
-
-def _doc(doc) -> dict:
-    return {"id": doc.id, "title": doc.title, "text": doc.text}
-
-
-def episode(traj, i: int) -> dict:
-    """Row i of a rollout as the server answers it: answer, finish_reason, usage and `search_agent`."""
-    answer = traj.answers[i]
-    prompt = int(traj.prompt_lengths[i])
-    sampled = int(np.asarray(traj.loss_mask[i]).sum())
-    searches = [{"query": q, "docs": [_doc(d) for d in docs]} for q, docs in zip(traj.queries[i], traj.docs[i])]
-    return {
-        "content": "" if answer is None else answer,
-        "finish_reason": "length" if answer is None else "stop",
-        "usage": {"prompt_tokens": prompt, "completion_tokens": sampled, "total_tokens": prompt + sampled},
-        "search_agent": {
-            "turns": int(traj.turns[i]),
-            "searches": searches,
-            "initial_docs": [_doc(d) for d in traj.initial_docs[i]],
-            "response": traj.responses[i],
-            "truncated": bool(traj.truncated[i]),
-        },
-    }
-
-
-@dataclasses.dataclass
-class _Job:
-    question: str
-    future: Future
-
-
-class Batcher:
-    """Pending questions -> one padded `engine.rollout` per batch, in a worker thread.
-
-    `submit(question)` returns a Future of `episode(...)`'s dict. A batch whose rollout raises a ValueError
-    (a prompt without cache room) is rerun one question at a time, so only the offending request fails
-    (its Future holds a RequestError 400); any other exception fails the batch's requests (500).
-    """
-
-    def __init__(self, engine, params, max_batch: int, batch_wait_s: float, seed: int = 0):
-        import jax
-
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.engine, self.params = engine, params
-        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
-        self.key = jax.random.key(seed)
-        self.batches = 0  # rollouts run
-        self.requests = 0  # requests answered
-        self.submitted = 0  # requests queued
-        self._count_lock = threading.Lock()
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._open = threading.Event()  # cleared by `held()`: the worker waits before collecting a batch
-        self._open.set()
-        self._thread = threading.Thread(target=self._run, name="agent-batcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, question: str) -> Future:
-        future = Future()
-        self._queue.put(_Job(question, future))
-        with self._count_lock:  # HTTP handler threads submit concurrently
-            self.submitted += 1
-        return future
-
-    @contextlib.contextmanager
-    def held(self):
-        """While inside, the worker takes no batch: requests queue up (tests batch deterministically with it)."""
-        self._open.clear()
-        try:
-            yield
-        finally:
-            self._open.set()
-
-    def close(self) -> None:
-        """Stop the worker once the batches already queued are answered."""
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            self._open.wait()
-            jobs, closing = [first], False
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(jobs) < self.max_batch:
-                try:  # wait until the deadline, then take only what is already queued
-                    job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if job is None:
-                    closing = True
-                    break
-                jobs.append(job)
-            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
-            if jobs:
-                self._answer(jobs)
-            if closing:
-                return
-
-    def rollout(self, questions: list[str]):
-        """One rollout of `questions` padded to `max_batch` rows with the last one."""
-        import jax
-
-        padded = list(questions) + [questions[-1]] * (self.max_batch - len(questions))
-        key = jax.random.fold_in(self.key, self.batches)
-        self.batches += 1
-        return self.engine.rollout(self.params, padded, key)
-
-    def _answer(self, jobs: list[_Job]) -> None:
-        try:
-            traj = self.rollout([j.question for j in jobs])
-        except ValueError as e:
-            if len(jobs) > 1:
-                for job in jobs:  # find the request that does not fit; the others are answered
-                    self._answer([job])
-                return
-            jobs[0].future.set_exception(RequestError(400, f"messages: {e}", "messages"))
-            return
-        except Exception as e:  # noqa: BLE001 - the requests get a 500; the server keeps serving
-            error = RequestError(500, f"rollout failed: {type(e).__name__}: {e}", None, "server_error")
-            for job in jobs:
-                job.future.set_exception(error)
-            return
-        for i, job in enumerate(jobs):
-            try:
-                job.future.set_result(episode(traj, i))
-            except Exception as e:  # noqa: BLE001
-                job.future.set_exception(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error"))
-            self.requests += 1
-
-
 # ------------------------------------------------------------------------------------------- HTTP
-
-
-def completion(model: str, result: dict, request_id: str, created: int) -> dict:
-    """OpenAI's chat.completion object for one episode (`episode`'s dict)."""
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result["content"]},
-                "finish_reason": result["finish_reason"],
-            }
-        ],
-        "usage": result["usage"],
-        "search_agent": result["search_agent"],
-    }
-
-
-def chunk(model: str, request_id: str, created: int, delta: dict, finish_reason=None, **extra) -> dict:
-    """One `chat.completion.chunk` of a stream."""
-    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-    return {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        **extra,
-    }
 
 
 class AgentServer(http.server.ThreadingHTTPServer):
@@ -264,22 +116,22 @@ class AgentServer(http.server.ThreadingHTTPServer):
         address,
         batcher: Batcher,
         model_name: str,
-        temperature: float,
+        defaults: Defaults = Defaults(),
         verbose: bool = False,
         limits: Limits = Limits(),
     ):
-        self.batcher, self.model_name, self.temperature, self.verbose = (
-            batcher,
-            model_name,
-            temperature,
-            verbose,
-        )
+        self.batcher, self.model_name, self.defaults, self.verbose = batcher, model_name, defaults, verbose
+        self.created = int(time.time())  # the model object's `created`
         if limits.max_message_tokens is None:
             limits = dataclasses.replace(limits, max_message_tokens=default_message_tokens(batcher.engine))
         if limits.max_message_tokens < 1:
             raise ValueError(f"max_message_tokens must be >= 1, got {limits.max_message_tokens}")
         self.limits = limits
         super().__init__(address, _Handler)
+
+    def model(self) -> dict:
+        """The served model as OpenAI's model object."""
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "jaxsearch"}
 
     def check_question(self, request: ChatRequest) -> None:
         """A RequestError 400 if the question is over `limits.max_message_tokens` (by its length first, then
@@ -288,8 +140,10 @@ class AgentServer(http.server.ThreadingHTTPServer):
         fix = "send a shorter question, or start the server with a larger --max-message-tokens (and --cache-len)"
         chars = len(request.question)
         if chars > limit * CHARS_PER_TOKEN_BOUND:
-            message = (f"{field}: the question has {chars:,} characters, over {limit * CHARS_PER_TOKEN_BOUND:,} "
-                       f"({CHARS_PER_TOKEN_BOUND} per token of the limit of {limit:,} tokens); {fix}")
+            message = (
+                f"{field}: the question has {chars:,} characters, over {limit * CHARS_PER_TOKEN_BOUND:,} "
+                f"({CHARS_PER_TOKEN_BOUND} per token of the limit of {limit:,} tokens); {fix}"
+            )
             raise RequestError(400, message, "messages", code="context_length_exceeded")
         tokens = len(self.batcher.engine.tokenizer.encode(request.question))
         if tokens > limit:
@@ -313,7 +167,9 @@ def default_message_tokens(engine) -> int:
     to act. EKA's P0 passages come per question and are not counted here: a prompt that still does not fit
     is refused by the rollout (400, that request alone)."""
     tokenizer = engine.tokenizer
-    around = tokenizer.apply_chat_template(engine.protocol.build_messages("x", None), add_generation_prompt=True)
+    around = tokenizer.apply_chat_template(
+        engine.protocol.build_messages("x", None), add_generation_prompt=True
+    )
     prompt = len(tokenizer.encode(around, allow_special=True)) - len(tokenizer.encode("x"))
     return engine.sampler.cache_len - engine.limits.max_segment_tokens - prompt
 
@@ -325,7 +181,10 @@ class _ClientGone(Exception):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: AgentServer
     protocol_version = "HTTP/1.1"
-    ROUTES = {MODELS_PATH: "GET", CHAT_PATH: "POST"}
+    # headers and body (and each SSE event) are separate small writes: with Nagle's algorithm the second waits
+    # for the client's delayed ACK, ~40 ms a reply on loopback (bench/serving.py: 1 client, 0.47x the engine)
+    disable_nagle_algorithm = True
+    ROUTES = {MODELS_PATH: "GET", CHAT_PATH: "POST"}  # and GET MODELS_PATH/{id}
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's signature
         if self.server.verbose:
@@ -366,7 +225,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str, path: str) -> None:
         try:
-            allowed = self.ROUTES.get(path)
+            allowed = "GET" if path.startswith(MODELS_PATH + "/") else self.ROUTES.get(path)
             if allowed is None:
                 self._drain()
                 raise RequestError(
@@ -380,7 +239,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send_error(error, {"Allow": allowed})
                 return
             if path == MODELS_PATH:
-                self._models()
+                self._send_json(200, {"object": "list", "data": [self.server.model()]})
+            elif path.startswith(MODELS_PATH + "/"):
+                self._model(urllib.parse.unquote(path[len(MODELS_PATH) + 1 :]))
             else:
                 self._chat()
         except RequestError as e:
@@ -431,41 +292,79 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise RequestError(413, message, None, code="request_too_large")
         return self._read(int(length))
 
-    def _models(self) -> None:
-        self._send_json(
-            200,
-            {
-                "object": "list",
-                "data": [{"id": self.server.model_name, "object": "model", "owned_by": "jaxsearch"}],
-            },
-        )
+    def _model(self, model_id: str) -> None:
+        if model_id != self.server.model_name:
+            message = f"The model {model_id!r} does not exist; this server serves {self.server.model_name!r}"
+            raise RequestError(404, message, "model", code="model_not_found")
+        self._send_json(200, self.server.model())
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection (readable with nothing to read), without consuming input."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except (OSError, ValueError):
+            return True
+
+    def _wait(self, job: Job):
+        """The job's summaries; its rows are cancelled if the client leaves first."""
+        while True:
+            try:
+                return job.future.result(timeout=POLL_S)
+            except TimeoutError:
+                if self._client_gone():
+                    job.cancel()
+                    raise _ClientGone("closed the connection before its reply") from None
 
     def _chat(self) -> None:
-        request = parse_chat_request(self._read_body(), self.server.model_name, self.server.temperature)
-        self.server.check_question(request)
-        future = self.server.batcher.submit(request.question)
-        request_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.server.model_name
+        server = self.server
+        request = parse_chat_request(
+            self._read_body(), server.model_name, server.defaults, server.batcher.max_batch
+        )
+        server.check_question(request)
+        job = server.batcher.submit(request, stream=request.stream)
+        request_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), server.model_name
         if not request.stream:
-            self._send_json(200, completion(model, future.result(), request_id, created))
+            self._send_json(200, completion(model, self._wait(job), request_id, created))
             return
+        try:
+            self._stream(job, request, request_id, created, model)
+        finally:
+            if not job.future.done() or job.future.cancelled():
+                job.cancel()  # the client left mid-stream: its rows free their slots
+
+    def _stream(self, job: Job, request: ChatRequest, request_id: str, created: int, model: str) -> None:
+        """Server-sent events of the job's rows as the rollout reports them (server docstring)."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        self._event(chunk(model, request_id, created, {"role": "assistant"}))
-        try:
-            result = future.result()
-        except RequestError as e:
-            self._event(e.body())
-        except Exception as e:  # noqa: BLE001
-            self._event(RequestError(500, f"{type(e).__name__}: {e}", None, "server_error").body())
+        for choice in range(request.n):
+            self._event(chunk(model, request_id, created, choice, {"role": "assistant"}))
+        summaries = [None] * request.n
+        while any(s is None for s in summaries):
+            try:
+                choice, event = job.events.get(timeout=POLL_S)
+            except queue.Empty:
+                if self._client_gone():
+                    raise _ClientGone("closed the connection mid-stream") from None
+                continue
+            if choice is None:  # the request failed: the error as an event (the headers went out)
+                self._event(event.body())
+                break
+            if event.kind != "done":
+                self._event(chunk(model, request_id, created, choice, {"search_agent": event_delta(event)}))
+                continue
+            summaries[choice] = s = event.summary
+            if s.answer:
+                self._event(chunk(model, request_id, created, choice, {"content": s.answer}))
+            agent = search_agent(s)
+            self._event(chunk(model, request_id, created, choice, {}, s.finish_reason, search_agent=agent))
         else:
-            if result["content"]:
-                self._event(chunk(model, request_id, created, {"content": result["content"]}))
-            extra = {"usage": result["usage"], "search_agent": result["search_agent"]}
-            self._event(chunk(model, request_id, created, {}, result["finish_reason"], **extra))
+            if request.include_usage:
+                self._event(chunk(model, request_id, created, None, usage=usage(summaries)))
         self._event("[DONE]")
 
 
@@ -481,13 +380,17 @@ def make_server(
     seed: int = 0,
     verbose: bool = False,
     limits: Limits = Limits(),
+    top_p: float = 1.0,
 ) -> AgentServer:
     """An `AgentServer` bound to (host, port) (port 0: a free one, see `.url`); call `serve_forever()`.
 
-    temperature: the engine's sampling temperature (a request may only restate it); limits: see `Limits`."""
+    temperature, top_p: the sampling of requests that omit them; seed: the batches' key (rows without a seed
+    of their own); limits: see `Limits`."""
     batcher = Batcher(engine, params, max_batch, batch_wait_ms / 1000.0, seed)
     try:
-        return AgentServer((host, port), batcher, model_name, float(temperature), verbose, limits)
+        return AgentServer(
+            (host, port), batcher, model_name, Defaults(float(temperature), float(top_p)), verbose, limits
+        )
     except BaseException:
         batcher.close()
         raise
