@@ -58,7 +58,7 @@ def _trajectories(rows=4, seed=0) -> Trajectories:
     return Trajectories(
         tokens, attn, loss, np.zeros_like(tokens), z, z, np.full(rows, 5, np.int32), np.ones(rows, np.int32),
         np.zeros(rows, np.int32), np.zeros(rows, bool), [None] * rows, [""] * rows, lists, lists, lists, lists,
-        lists, lists, [""] * rows, [None] * rows, [None] * rows, {},
+        lists, lists, [""] * rows, [None] * rows, [None] * rows, {}, ["length"] * rows, list(loss.sum(1)),
     )  # fmt: skip
 
 

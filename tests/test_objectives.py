@@ -216,7 +216,7 @@ def fake_trajectories(ids: list[int], width: int) -> Trajectories:
     return Trajectories(
         tokens, ones, ones, np.zeros_like(tokens), z, z, np.zeros(n, np.int32), np.ones(n, np.int32),
         np.zeros(n, np.int32), np.zeros(n, bool), text, text, lists, lists, lists, lists, lists, lists, text,
-        [None] * n, [None] * n, {"decode": 1.0},
+        [None] * n, [None] * n, {"decode": 1.0}, ["stop"] * n, [width] * n,
     )  # fmt: skip
 
 

@@ -151,7 +151,10 @@ class AgentEngine:
                 break
             budget = self._budgets(rows, active)
             t = time.perf_counter()
-            seg, state = self.sampler.decode(params, state, budget, served.settings)  # host arrays: done
+            # host arrays: the device work is done. Per-row settings only for served rows: a sampler without
+            # them (the training path's callers, tests' scripted samplers) keeps its 3-argument decode
+            per_row = {} if served.settings is None else {"rows": served.settings}
+            seg, state = self.sampler.decode(params, state, budget, **per_row)
             clock["device"] += time.perf_counter() - t
             searches, hints = self._act(rows, active, seg, budget, final=turn == self.limits.max_turns)
             observations = self._search(rows, searches, internal, clock)
@@ -270,8 +273,9 @@ class AgentEngine:
         turn ends the row, a search goes to `searches`, anything else gets the hint."""
         row, ids = rows[i], [int(t) for t in segment.tokens]
         text = self.tokenizer.decode(ids)
-        request, r = row.request, int(segment.stop) - self.sampler.table.request_stop_code()
-        if request is not None and 0 <= r < len(request.stop):  # the text is cut before the stop string
+        request = row.request
+        if request is not None and 0 <= (r := self._request_stop(segment)) < len(request.stop):
+            # the text is cut before the stop string
             text = requests_lib.cut_at_stop(text, request.stop)
             row.add(POLICY, ids, text, segment.logprobs, segment.entropy)
             row.turns += 1
@@ -293,6 +297,11 @@ class AgentEngine:
             row.done = row.truncated = True  # out of cache room
         else:
             hints[i] = (HINT, self.protocol.invalid_hint())
+
+    def _request_stop(self, segment: Segment) -> int:
+        """The index of the request stop string that ended a served row's segment; outside
+        0 .. len(request.stop) - 1 when none did (a protocol stop string, EOS or the budget)."""
+        return int(segment.stop) - self.sampler.table.request_stop_code()
 
     def _search(self, rows, searches, internal, clock) -> dict[int, tuple[str, str]]:
         """One retriever call for the turn's queries (+ SOAR's internal stream) -> observation by row."""

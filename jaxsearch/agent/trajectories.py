@@ -68,8 +68,8 @@ class Trajectories:
     # the host works while the device decodes: device is the time it was provably busy, host the rest
     # per row: why it ended ("stop" | "length" | "cancelled", `Row.finish_reason`) and the tokens the policy
     # sampled (the loss mask also marks Graph-R1's trained observation spans)
-    finish_reasons: list = dataclasses.field(default_factory=list, metadata=dict(static=True))
-    policy_tokens: list = dataclasses.field(default_factory=list, metadata=dict(static=True))
+    finish_reasons: list = dataclasses.field(metadata=dict(static=True))
+    policy_tokens: list = dataclasses.field(metadata=dict(static=True))
 
     @property
     def doc_ids(self) -> list[list[list[str]]]:
