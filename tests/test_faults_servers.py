@@ -285,6 +285,31 @@ def test_the_search_thread_waits_while_the_event_loop_works_on_a_request(monkeyp
         batcher.close()
 
 
+def test_close_while_the_search_thread_waits_for_the_event_loop(monkeypatch):
+    """close() ends the search thread while it waits for the event loop's work (a clean-clone run hung here:
+    the wait ended by close() was followed by a wait for work that never came)."""
+    from jaxsearch.retrieval import server
+
+    monkeypatch.setattr(server, "LOOP_FIRST_S", 60.0)
+    batcher = server.Batcher(EchoRetriever(), max_batch=8)
+    batcher.start()
+
+    async def answered_while_the_loop_holds_another_request():
+        batcher.loop_working(+1)  # request A in hand
+        batcher.loop_working(+1)  # request B, whose query is queued
+        search = asyncio.ensure_future(batcher.search(["b"], 1))
+        await asyncio.sleep(0.1)
+        batcher.loop_working(-1)  # A done: B is searched; B's answer is then the loop's work
+        await search
+
+    asyncio.run(answered_while_the_loop_holds_another_request())
+    time.sleep(0.2)  # the thread waits (up to LOOP_FIRST_S) for the loop to write B's answer
+    closer = threading.Thread(target=batcher.close, daemon=True)
+    closer.start()
+    closer.join(timeout=5.0)
+    assert not closer.is_alive(), "Batcher.close() did not return"
+
+
 # ------------------------------------------------------------------------------------------- cases 4, 5, 7b: agent server
 
 

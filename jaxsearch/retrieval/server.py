@@ -160,7 +160,7 @@ class Batcher:
                 while not self._closed:
                     self._loop_first()
                     parts = self._take_batch()
-                    if parts:
+                    if parts or self._closed:  # close() may have ended `_loop_first`'s wait: never wait again
                         break
                     self._work.wait()
                 if self._closed:
