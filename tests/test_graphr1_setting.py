@@ -42,7 +42,7 @@ class ScriptedSampler:
     def start(self, params, prompts, keys):
         return _State(jnp.zeros(1))
 
-    def decode(self, params, state, budget):
+    def decode(self, params, state, budget, rows=None):
         b = len(self.scripts)
         budget = np.minimum(np.broadcast_to(np.asarray(budget), (b,)), self.max_segment)
         rows = []

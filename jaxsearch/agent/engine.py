@@ -151,10 +151,7 @@ class AgentEngine:
                 break
             budget = self._budgets(rows, active)
             t = time.perf_counter()
-            # host arrays: the device work is done. Per-row settings only for served rows: a sampler without
-            # them (the training path's callers, tests' scripted samplers) keeps its 3-argument decode
-            per_row = {} if served.settings is None else {"rows": served.settings}
-            seg, state = self.sampler.decode(params, state, budget, **per_row)
+            seg, state = self.sampler.decode(params, state, budget, rows=served.settings)  # host arrays: done
             clock["device"] += time.perf_counter() - t
             searches, hints = self._act(rows, active, seg, budget, final=turn == self.limits.max_turns)
             observations = self._search(rows, searches, internal, clock)
