@@ -260,13 +260,8 @@ def test_the_search_thread_waits_while_the_event_loop_works_on_a_request(monkeyp
     from jaxsearch.retrieval import server
 
     monkeypatch.setattr(server, "LOOP_FIRST_S", 0.5)
-    retriever = EchoRetriever()
-    batcher = server.Batcher(retriever, max_batch=8)
-    searched = []
-    retriever.search = lambda queries, k: searched.append(time.monotonic()) or EchoRetriever.search(retriever, queries, k)
-    batcher.start()
 
-    async def scenario(busy_s):
+    async def scenario(batcher, searched, busy_s):
         batcher.loop_working(+1)  # request A in hand (parsing, say)
         batcher.loop_working(+1)  # request B, whose query is queued
         t0 = time.monotonic()
@@ -277,12 +272,21 @@ def test_the_search_thread_waits_while_the_event_loop_works_on_a_request(monkeyp
         batcher.loop_working(-1)  # B answered
         return searched[-1] - t0
 
-    try:
-        waited = asyncio.run(scenario(0.05))
-        assert 0.05 <= waited < 0.5  # until A's work ended, not the whole LOOP_FIRST_S
-        assert 0.5 <= asyncio.run(scenario(1.0)) < 0.95  # A's work went on: searched after LOOP_FIRST_S anyway
-    finally:
-        batcher.close()
+    def waited(busy_s):
+        """A fresh batcher each time: one still in the wait that followed an earlier answer would search at
+        that wait's end, before LOOP_FIRST_S from now (a clean-clone run saw 0.499 s)."""
+        retriever = EchoRetriever()
+        batcher = server.Batcher(retriever, max_batch=8)
+        searched = []
+        retriever.search = lambda queries, k: searched.append(time.monotonic()) or EchoRetriever.search(retriever, queries, k)
+        batcher.start()
+        try:
+            return asyncio.run(scenario(batcher, searched, busy_s))
+        finally:
+            batcher.close()
+
+    assert 0.05 <= waited(0.05) < 0.5  # until A's work ended, not the whole LOOP_FIRST_S
+    assert 0.5 <= waited(1.0) < 0.95  # A's work went on: searched after LOOP_FIRST_S anyway
 
 
 def test_close_while_the_search_thread_waits_for_the_event_loop(monkeypatch):
