@@ -147,12 +147,14 @@ def sft_trajectory(
     initial_context: str | None = None,
     internal_facts: str = "",
     verbose_answer: bool = False,
+    results: Sequence[list[Doc]] | None = None,
 ) -> SFTExample:
     """The trajectory of `trace` for `example`, token for token as the episode driver builds it.
 
     `initial_context`: EKA's P0; None computes it with `protocol.initial_context` (None for other methods).
     `internal_facts`: SOAR's internal stream in every observation (the policy knows nothing of this world).
     `verbose_answer`: see `policy_segments`.
+    `results`: the top-k docs of each of the trace's searches, found beforehand (None: searched here).
     """
     if initial_context is None:
         initial_context = protocol.initial_context([example.question], retriever, k)[0]
@@ -162,7 +164,8 @@ def sft_trajectory(
     )
     segments = policy_segments(protocol, trace, verbose_answer)
     queries = [step.text for step in trace[:-1]]
-    results = retriever.search(queries, k) if queries else []
+    if results is None:
+        results = retriever.search(queries, k) if queries else []
     ids, mask = list(prompt), [0] * len(prompt)
     for turn, segment in enumerate(segments):
         policy = tokenizer.encode(segment)
@@ -239,11 +242,14 @@ def sft_dataset(
     if use_p0 and protocol.name != "eka":
         raise ValueError(f"use_p0 is EKA's (P0), not {protocol.name!r}'s")
     p0 = retriever.search([e.question for e in examples], k) if use_p0 else [[]] * len(examples)
+    traces = [p0_trace(solution_trace(e, world), {d.id for d in docs}) for e, docs in zip(examples, p0)]
+    found = _search_traces(retriever, traces, k)
     out = []
-    for i, (example, context) in enumerate(zip(examples, contexts)):
-        trace = p0_trace(solution_trace(example, world), {d.id for d in p0[i]})
+    for i, (example, context, trace) in enumerate(zip(examples, contexts, traces)):
         sft = _fit(
-            sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context), max_len, truncate
+            sft_trajectory(protocol, tokenizer, example, trace, retriever, k, context, results=found[i]),
+            max_len,
+            truncate,
         )
         if sft is None:
             continue
@@ -256,12 +262,29 @@ def sft_dataset(
         elif verbose:
             wrong = trace
         if wrong is not None:
+            known = found[i][: len(wrong) - 1]  # every mistake searches a prefix of the ideal searches
             wrong_sft = sft_trajectory(
-                protocol, tokenizer, example, wrong, retriever, k, context, verbose_answer=verbose
+                protocol,
+                tokenizer,
+                example,
+                wrong,
+                retriever,
+                k,
+                context,
+                verbose_answer=verbose,
+                results=known,
             )
             sft = dataclasses.replace(sft, mistake=_fit(wrong_sft, max_len, truncate))
         out.append(sft)
     return out
+
+
+def _search_traces(retriever: Retriever, traces: Sequence[Sequence[Step]], k: int) -> list[list[list[Doc]]]:
+    """The top-k docs of every search of every trace, in one retriever call (a dense encoder's query batch,
+    not one call per search): per trace, per search."""
+    queries = [step.text for trace in traces for step in trace[:-1]]
+    docs = iter(retriever.search(queries, k) if queries else [])
+    return [[next(docs) for _ in trace[:-1]] for trace in traces]
 
 
 def _fit(sft: SFTExample, max_len: int, truncate: bool) -> SFTExample | None:
