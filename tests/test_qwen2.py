@@ -135,7 +135,7 @@ def test_extend_of_a_caches_first_rows_keeps_the_others(tiny):
     _, _, config, params = tiny
     rng = np.random.default_rng(11)
     for s in (64, 1024):  # one span, spans
-        shape = (config.num_hidden_layers, 5, s, config.num_key_value_heads, config.head_dim)
+        shape = (config.num_hidden_layers, 5, config.num_key_value_heads, s, config.head_dim)
         k, v = (tuple(jnp.asarray(rng.normal(size=shape), jnp.float32)) for _ in range(2))
         full = qwen2.KVCache(k=k, v=v, lengths=jnp.asarray([7, 3, 20, 9, 1], jnp.int32))
         head = jax.tree.map(lambda a: a[:2], full)
@@ -157,9 +157,11 @@ def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
     rng = np.random.default_rng(7)
     s, kvh, d = 1024, config.num_key_value_heads, config.head_dim
     cache = qwen2.init_cache(config, 2, s)
-    cache = cache.replace(  # every slot holds something, so a slot read or written past a row's keys would show
-        k=tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache.k),
-        v=tuple(jnp.asarray(rng.normal(size=(2, s, kvh, d)), jnp.float32) for _ in cache.v),
+    cache = (
+        cache.replace(  # every slot holds something, so a slot read or written past a row's keys would show
+            k=tuple(jnp.asarray(rng.normal(size=(2, kvh, s, d)), jnp.float32) for _ in cache.k),
+            v=tuple(jnp.asarray(rng.normal(size=(2, kvh, s, d)), jnp.float32) for _ in cache.v),
+        )
     )
     ids = rng.integers(0, config.vocab_size, (2, 16))
     mask = np.ones((2, 16), np.int32)
@@ -176,12 +178,12 @@ def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
             for a, b, old in zip(getattr(new, name), getattr(ref, name), getattr(before, name)):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
                 for row, end in enumerate(np.asarray(ref.lengths)):
-                    np.testing.assert_array_equal(np.asarray(a[row, end:]), np.asarray(old[row, end:]))
+                    np.testing.assert_array_equal(np.asarray(a[row, :, end:]), np.asarray(old[row, :, end:]))
 
 
 def _numpy_attention(q, k, v, mask):
-    """float64 reference: q [B, T, H, D], k, v [B, S, K, D], mask [B, T, S] -> [B, T, H, D]."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    """float64 reference: q [B, T, H, D], k, v [B, K, S, D], mask [B, T, S] -> [B, T, H, D]."""
+    q, k, v = np.asarray(q, np.float64), *(np.asarray(x, np.float64).swapaxes(1, 2) for x in (k, v))
     rep = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)  # head j reads kv head j // rep
     scores = np.einsum("bthd,bshd->bths", q, k) / np.sqrt(q.shape[-1])
@@ -200,7 +202,7 @@ def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own(cache):
     rng = np.random.default_rng(cache)
     b, h, kvh, d = 50, 4, 2, 16
     q = rng.normal(size=(b, 1, h, d)).astype(np.float32) * 3
-    k, v = (rng.normal(size=(b, cache, kvh, d)).astype(np.float32) for _ in range(2))
+    k, v = (rng.normal(size=(b, kvh, cache, d)).astype(np.float32) for _ in range(2))
     attend = jax.jit(attention.attend_decode_cpu)
     whole = jax.jit(functools.partial(attention._attend_one_query, exact=True))  # no span: every slot
     for longest in (60, 129, 700, cache):  # spans 128, 256, 1024 and the whole cache
@@ -208,7 +210,9 @@ def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own(cache):
         lengths[7] = longest
         mask = np.arange(cache)[None, None, :] < lengths[:, None, None]
         out = np.asarray(attend(q, k, v, mask))
-        np.testing.assert_allclose(out, _numpy_attention(q, k, v, mask), atol=2e-6)
+        # fp32 scores of ~1,000 keys (q scaled 3x): rounding the scores alone to fp32, the rest in float64, moves
+        # the output by up to 1.8e-6 at these inputs (measured), so the bound is twice that, not a tighter luck
+        np.testing.assert_allclose(out, _numpy_attention(q, k, v, mask), atol=4e-6)
         np.testing.assert_array_equal(np.asarray(whole(q, k, v, mask)), out)
         for rows in (slice(0, 1), slice(3, 6), slice(8, 16), slice(10, 11), slice(48, 50)):
             alone = attend(q[rows], k[rows], v[rows], mask[rows])
@@ -218,12 +222,12 @@ def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own(cache):
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 3), (4, 1), (4, 4)])
 def test_cpu_decode_attention_of_a_short_cache_equals_numpy(heads, kv_heads):
     """Below SPANS_FROM slots the CPU decode attention reads the whole cache in one go (scores and the
-    values' weighted sum each one block-diagonal matmul): softmax attention (float64 reference) for every
+    values' weighted sum each one batched matmul over the heads' own slots): softmax attention (float64 reference) for every
     grouping of query heads over kv heads, including one kv head and none shared."""
     rng = np.random.default_rng(heads * 10 + kv_heads)
     b, d, cache = 16, 16, 200
     q = rng.normal(size=(b, 1, heads, d)).astype(np.float32) * 3
-    k, v = (rng.normal(size=(b, cache, kv_heads, d)).astype(np.float32) for _ in range(2))
+    k, v = (rng.normal(size=(b, kv_heads, cache, d)).astype(np.float32) for _ in range(2))
     lengths = rng.integers(1, cache + 1, b)
     mask = np.arange(cache)[None, None, :] < lengths[:, None, None]
     out = np.asarray(jax.jit(attention.attend_decode_cpu)(q, k, v, mask))

@@ -248,18 +248,30 @@ def sample_tokens(logits, keys, counters, sampling: SamplingParams, rows: RowSam
     logits = logits.astype(jnp.float32)
     if rows is not None:
         return _sample_per_row(logits, keys, counters, sampling.top_k, rows)
-    if sampling.temperature == 0.0:
+    if sampling.temperature == 0.0:  # one distribution: the sampling one is the full one
         tokens = first_argmax(logits)
-        dist = logits
-    else:
-        dist = _filter_logits(logits, sampling)
-        row_keys = jax.vmap(jax.random.fold_in)(keys, counters)
-        tokens = jax.vmap(jax.random.categorical)(row_keys, dist).astype(jnp.int32)
-    logp_all = jax.nn.log_softmax(dist, axis=-1)
-    logprob = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-    full = jax.nn.log_softmax(logits if sampling.temperature == 0.0 else logits / sampling.temperature, -1)
-    entropy = -jnp.sum(jnp.exp(full) * full, axis=-1)
-    return tokens, logprob, entropy
+        return (tokens, *_logprob_and_entropy(logits, tokens))
+    dist = _filter_logits(logits, sampling)
+    row_keys = jax.vmap(jax.random.fold_in)(keys, counters)
+    tokens = jax.vmap(jax.random.categorical)(row_keys, dist).astype(jnp.int32)
+    logprob = _logprob_and_entropy(dist, tokens, entropy=False)[0]
+    return tokens, logprob, _logprob_and_entropy(logits / sampling.temperature, tokens)[1]
+
+
+def _logprob_and_entropy(x, tokens, entropy: bool = True):
+    """log softmax(x)[b, tokens[b]] [B] and the entropy of softmax(x) [B] (None without `entropy`), for
+    logits x [B, V] fp32 (-inf allowed, one finite entry per row at least): a max and sums over exp(x - max),
+    with no [B, V] log-probs in memory (a decode step of bench/rollout.py's S ran ~8 passes over its logits for
+    these and the argmax; issue 41). log-prob: the ops of `jax.nn.log_softmax`, so the same bits.
+    Entropy: log s - sum(e z) / s with z = x - max, e = exp(z), s = sum(e)."""
+    z = x - jnp.max(x, axis=-1, keepdims=True)
+    e = jnp.exp(z)
+    log_s = jnp.log(jnp.sum(e, axis=-1))
+    logprob = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - log_s
+    if not entropy:
+        return logprob, None
+    ez = jnp.where(e > 0, e * z, 0.0)  # a -inf entry: 0 * -inf would be NaN
+    return logprob, log_s - jnp.sum(ez, axis=-1) / jnp.exp(log_s)
 
 
 def _sample_per_row(logits, keys, counters, top_k: int, rows: RowSampling):
@@ -278,11 +290,8 @@ def _sample_per_row(logits, keys, counters, top_k: int, rows: RowSampling):
     row_keys = jax.vmap(jax.random.fold_in)(keys, counters)
     sampled = jax.vmap(jax.random.categorical)(row_keys, dist).astype(jnp.int32)
     tokens = jnp.where(greedy, first_argmax(logits), sampled)
-    logp_all = jax.nn.log_softmax(dist, axis=-1)
-    logprob = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-    full = jax.nn.log_softmax(scaled, -1)
-    entropy = -jnp.sum(jnp.exp(full) * full, axis=-1)
-    return tokens, logprob, entropy
+    logprob = _logprob_and_entropy(dist, tokens, entropy=False)[0]
+    return tokens, logprob, _logprob_and_entropy(scaled, tokens)[1]
 
 
 def roll_window(window, tok, table: StopTable):

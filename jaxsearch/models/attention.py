@@ -2,7 +2,8 @@
 fused alternatives through `jax.nn.dot_product_attention` (`IMPLS`), and the CPU decode form (one query per
 row over the KV cache as laid out).
 
-Shapes: q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head j reads kv head j // (H / K));
+Shapes: q [B, T, H, D]; k, v [B, K, S, D] (the KV cache's layout: a decode step reads each kv head's keys as
+one contiguous [S, D] matrix, with no transpose) with H a multiple of K (query head j reads kv head j // (H / K));
 mask [B, T, S] bool (True = the query sees that key). Scores and softmax in fp32.
 """
 
@@ -29,15 +30,15 @@ IMPLS = ("reference", "xla", "cudnn", "auto")
 
 
 def attend(q, k, v, mask, chunk: int = 0, impl: str = "reference"):
-    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] bool -> [B, T, H, D].
+    """Grouped-query attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] bool -> [B, T, H, D].
 
     Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
     With 0 < chunk < T, queries go `chunk` at a time (T padded up to a multiple) through a `lax.map` whose
     body is rematerialised, so only one chunk's [B, H, chunk, S] scores are live, forward or backward.
-    impl: one of IMPLS, for T > 1. A decode step (T = 1) takes the reference forms whatever impl: compiled for
-    CPU with chunk 0, `attend_decode_cpu`.
+    impl: one of IMPLS, for T > 1. A decode step (T = 1) takes the reference forms whatever impl and chunk
+    (a chunk of one query is the whole query): compiled for CPU, `attend_decode_cpu`.
     """
-    if q.shape[1] == 1 and chunk == 0:
+    if q.shape[1] == 1:
         return jax.lax.platform_dependent(
             q, k, v, mask, cpu=attend_decode_cpu, default=functools.partial(_attend_dense, chunk=0)
         )
@@ -66,36 +67,38 @@ def _attend_xla(q, k, v, mask):
     q's dtype (the call wants one dtype); it masks with -0.7 x the dtype's max, so a fully masked query
     also gets a uniform average."""
     dt = q.dtype
-    return jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask[:, None])
+    k, v = (x.swapaxes(1, 2).astype(dt) for x in (k, v))  # the call's [B, S, K, D]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
 
 
 def _attend_cudnn(q, k, v, mask):
     """cuDNN's flash attention over the whole T (nothing chunked). Its backward with a mask (as a bias) takes
     only even T and S (jax's `check_is_flash_attention`), so an odd T or S is padded by one (a masked key, a
     dropped query)."""
-    t, s, dt = q.shape[1], k.shape[1], q.dtype
+    t, s, dt = q.shape[1], k.shape[2], q.dtype
     pt, ps = t % 2, s % 2
     q = jnp.pad(q, ((0, 0), (0, pt), (0, 0), (0, 0)))
-    k, v = (jnp.pad(x.astype(dt), ((0, 0), (0, ps), (0, 0), (0, 0))) for x in (k, v))
+    k, v = (jnp.pad(x.swapaxes(1, 2).astype(dt), ((0, 0), (0, ps), (0, 0), (0, 0))) for x in (k, v))
     mask = jnp.pad(mask, ((0, 0), (0, pt), (0, ps)))
     out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
     return out[:, :t]
 
 
 def attend_decode_cpu(q, k, v, mask):
-    """`attend` for one query per row on CPU, reading the cache in its own [B, S, K, D] layout (the
-    batched-matmul form makes XLA:CPU transpose both caches of every layer at every decode step).
+    """`attend` for one query per row on CPU, over the cache as laid out: per row and kv head, the G query
+    heads against that head's contiguous [S, D] keys (one small matmul, no transpose; in the [B, S, K, D]
+    layout this took XLA:CPU a transpose of both caches or K times the products, issue 41), a softmax over
+    the last axis, then the weights against the [S, D] values.
 
     A cache of SPANS_FROM slots or more is read over the shortest span that holds every row's keys (its first
     128, 256, 512, ... slots, or all; a `lax.switch` on the mask): at 1,024 slots a step is bound by reading
     the whole cache, so this makes a decode step of 50 rows with ~200 keys each ~2.2x faster
     (bench/RESULTS.md, issue 17). Its softmax reduces in an order fixed by the span (`_fixed_order`), so a
     row's bits depend neither on the span nor on the other rows of its batch: a row decodes the same tokens in
-    a slot as in a lockstep batch. Smaller caches take the plain softmax (~25% faster at bench/rollout.py's
-    S), whose sums XLA:CPU runs with YNNPACK's kernels from ~4,096 elements of [B, S, K, G] up and its own
-    below, so there a row's bits can follow the batch when B x S is small (1-3 rows of 256 slots).
+    a slot as in a lockstep batch. Smaller caches take the plain softmax, whose sums XLA:CPU may run with
+    different kernels by size, so there a row's bits can follow the batch when B x S is small.
     """
-    s = k.shape[1]
+    s = k.shape[2]
     if s < SPANS_FROM:
         return _attend_one_query(q, k, v, mask, exact=False)
     spans = cache_spans(s)
@@ -105,72 +108,52 @@ def attend_decode_cpu(q, k, v, mask):
 
 
 def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
-    """One query per row over the cache's first `span` slots (None: all).
-
-    Scores: one matmul per row of all H query heads against the span's S*K cached keys as laid out, of which
-    the K diagonal [query group, kv head] blocks are kept. It computes K times the scores it needs and is
-    still the fast form on CPU: at bench/rollout.py's S (K = 2) the multiply-reduce over D it replaces took
-    ~0.19 ms of a ~2.3 ms decode step per layer, this ~0.05 ms. The weighted sum of values is the same
-    trick the other way (`_weighted_values`). exact: the softmax's max and sum in `_fixed_order`."""
+    """One query per row over the cache's first `span` slots (None: all). q [B, 1, H, D]; k, v [B, K, S, D].
+    exact: the softmax's max and sum, and the weighted sum of values, in `_fixed_order`-style blocks of
+    SPAN_BLOCK slots, so the slots past a row's keys add exact zeros (its bits follow neither its batch nor
+    the span) and no sum runs over more than SPAN_BLOCK terms (one matmul over 1,152 slots strays ~1e-6 from
+    a float64 sum)."""
     if span is not None:
-        k, v, mask = k[:, :span], v[:, :span], mask[:, :, :span]
+        k, v, mask = k[:, :, :span], v[:, :, :span], mask[:, :, :span]
     b, _, h, d = q.shape
-    s, kvh = k.shape[1], k.shape[2]
+    kvh, s = k.shape[1], k.shape[2]
     g = h // kvh
-    every = jnp.einsum(
-        "bhd,bmd->bmh", q.reshape(b, h, d).astype(jnp.float32), k.reshape(b, s * kvh, d).astype(jnp.float32)
-    ).reshape(b, s, kvh, kvh, g)  # [B, S, K (key's head), K (query's group), G]
-    scores = jnp.stack([every[:, :, j, j] for j in range(kvh)], axis=2) * (d**-0.5)  # [B, S, K, G]
-    scores = jnp.where(mask[:, 0, :, None, None], scores, NEG)
-    if exact:
-        unnormalised = jnp.exp(scores - _fixed_order(scores, jnp.maximum, NEG)[:, None])
-        probs = unnormalised / _fixed_order(unnormalised, jnp.add, 0.0)[:, None]
-    else:
-        probs = jax.nn.softmax(scores, axis=1)
-    return _weighted_values(probs, v, exact).reshape(b, 1, h, d).astype(v.dtype)
-
-
-def _weighted_values(probs, v, exact: bool):
-    """sum_s probs[b, s, k, g] * v[b, s, k, :] -> [B, H, D] (fp32), as matmuls against the cache as laid out:
-    probs spread into a block-diagonal [B, H, S*K] (query head (k, g) weighs only kv head k's entries), times
-    v [B, S*K, D]. K times the products needed, and still faster than the multiply-reduce over S it replaced
-    (a decode step ~10% at bench/rollout.py's S, the lockstep episodes ~8%; bench/RESULTS.md, issue 17).
-    exact: one matmul per SPAN_BLOCK slots, the blocks then added in order, so the slots past a row's keys
-    add exact zeros (its bits follow neither its batch nor the span) and no sum runs over more than
-    SPAN_BLOCK * K terms (one matmul over 1,152 slots strays ~1e-6 from a float64 sum)."""
-    b, s, kvh, g = probs.shape
-    d = v.shape[-1]
-    block = probs[:, :, None] * jnp.eye(kvh, dtype=probs.dtype)[:, :, None]  # [B, S, K (value's head), K, G]
-    weights = jnp.transpose(block, (0, 3, 4, 1, 2)).reshape(b, kvh * g, s * kvh)
-    v = v.reshape(b, s * kvh, d).astype(jnp.float32)
+    q = q.reshape(b, kvh, g, d).astype(jnp.float32)
+    scores = jnp.einsum("bkgd,bksd->bkgs", q, k.astype(jnp.float32)) * (d**-0.5)  # [B, K, G, S]
+    scores = jnp.where(mask[:, :, None, :], scores, NEG)
+    v = v.astype(jnp.float32)
+    # the softmax normalised after the weighted sum, as `_attend_reference` does (closer to float64)
     if not exact:
-        return jnp.einsum("bhm,bmd->bhd", weights, v)
-    width = SPAN_BLOCK * kvh
-    pad = -(s * kvh) % width
-    weights = jnp.pad(weights, ((0, 0), (0, 0), (0, pad))).reshape(b, kvh * g, -1, width)
-    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, width, d)
-    parts = jnp.einsum("bhnm,bnmd->bnhd", weights, v)
-    total = parts[:, 0]
-    for i in range(1, parts.shape[1]):
-        total = total + parts[:, i]
-    return total
+        unnormalised = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        out = jnp.einsum("bkgs,bksd->bkgd", unnormalised, v) / jnp.sum(unnormalised, axis=-1)[..., None]
+        return out.reshape(b, 1, h, d).astype(k.dtype)
+    unnormalised = jnp.exp(scores - _fixed_order(scores, jnp.maximum, NEG)[..., None])
+    pad = -s % SPAN_BLOCK  # zero weights on zero values past the span's end
+    weights = jnp.pad(unnormalised, ((0, 0), (0, 0), (0, 0), (0, pad))).reshape(b, kvh, g, -1, SPAN_BLOCK)
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, kvh, -1, SPAN_BLOCK, d)
+    parts = jnp.einsum("bkgnm,bknmd->nbkgd", weights, v)  # one matmul per block, then the blocks in order
+    total = parts[0]
+    for i in range(1, parts.shape[0]):
+        total = total + parts[i]
+    out = total / _fixed_order(unnormalised, jnp.add, 0.0)[..., None]
+    return out.reshape(b, 1, h, d).astype(k.dtype)
 
 
 def _fixed_order(x, op, pad):
-    """x [B, S, ...] reduced over S by `op` in an order fixed by S alone, in elementwise ops: blocks of
+    """x [..., S] reduced over S by `op` in an order fixed by S alone, in elementwise ops: blocks of
     SPAN_BLOCK keys (the last padded with `pad`) each folded by halving, then block after block. Past a row's
     keys x is `pad` (0 for the sum, NEG for the max), which leaves the result's bits as they are, so every
     span that holds the row's keys gives the same bits. (A reduction op would not do: XLA:CPU picks YNNPACK's
     kernel or its own by size, and fuses the exp after the max into YNNPACK's; the two round differently.)"""
-    b, s = x.shape[:2]
-    x = jnp.pad(x, [(0, 0), (0, -s % SPAN_BLOCK)] + [(0, 0)] * (x.ndim - 2), constant_values=pad)
-    x = x.reshape(b, -1, SPAN_BLOCK, *x.shape[2:])
-    while x.shape[2] > 1:
-        half = x.shape[2] // 2
-        x = op(x[:, :, :half], x[:, :, half:])
-    total = x[:, 0, 0]
-    for i in range(1, x.shape[1]):
-        total = op(total, x[:, i, 0])
+    s = x.shape[-1]
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, -s % SPAN_BLOCK)], constant_values=pad)
+    x = x.reshape(*x.shape[:-1], -1, SPAN_BLOCK)
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = op(x[..., :half], x[..., half:])
+    total = x[..., 0, 0]
+    for i in range(1, x.shape[-2]):
+        total = op(total, x[..., i, 0])
     return total
 
 
@@ -196,15 +179,17 @@ def _attend_dense(q, k, v, mask, chunk: int):
 
 def _attend_reference(q, k, v, mask):
     b, t, h, d = q.shape
-    kvh = k.shape[2]
+    kvh = k.shape[1]
     q = q.reshape(b, t, kvh, h // kvh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (d**-0.5)
     scores = jnp.where(mask[:, None, None], scores, NEG)
     # softmax normalised after the weighted sum (as flash attention does): one rounding of the sum instead of
     # one per probability. fp32 log-probs of a full forward land ~25% closer to a float64 forward (max error
     # 9.7e-6 -> 7.3e-6 on the tiny searcher), and so closer to the sampler's (bench/RESULTS.md, issue 17)
     unnormalised = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-    out = jnp.einsum("bkgts,bskd->btkgd", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    out = out / jnp.moveaxis(jnp.sum(unnormalised, axis=-1), -1, 1)[..., None]
-    return out.astype(v.dtype).reshape(b, t, h, d)
+    # [B, K, G, T, D], the batched matmul's own layout (XLA:CPU 0.10 has no bf16 x bf16 = f32 dot for the
+    # output in [B, T, K, G, D] order), then divided and moved
+    out = jnp.einsum("bkgts,bksd->bkgtd", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = out / jnp.sum(unnormalised, axis=-1)[..., None]
+    return jnp.moveaxis(out.astype(v.dtype), 3, 1).reshape(b, t, h, d)
