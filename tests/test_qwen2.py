@@ -137,6 +137,7 @@ def test_extend_of_a_caches_first_rows_keeps_the_others(tiny):
     for s in (64, 1024):  # one span, spans
         shape = (config.num_hidden_layers, 5, config.num_key_value_heads, s, config.head_dim)
         k, v = (tuple(jnp.asarray(rng.normal(size=shape), jnp.float32)) for _ in range(2))
+        k = tuple(a.swapaxes(2, 3) for a in k)  # keys [B, K, D, S]
         full = qwen2.KVCache(k=k, v=v, lengths=jnp.asarray([7, 3, 20, 9, 1], jnp.int32))
         head = jax.tree.map(lambda a: a[:2], full)
         ids = rng.integers(0, config.vocab_size, (2, 6))
@@ -159,7 +160,7 @@ def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
     cache = qwen2.init_cache(config, 2, s)
     cache = (
         cache.replace(  # every slot holds something, so a slot read or written past a row's keys would show
-            k=tuple(jnp.asarray(rng.normal(size=(2, kvh, s, d)), jnp.float32) for _ in cache.k),
+            k=tuple(jnp.asarray(rng.normal(size=(2, kvh, d, s)), jnp.float32) for _ in cache.k),
             v=tuple(jnp.asarray(rng.normal(size=(2, kvh, s, d)), jnp.float32) for _ in cache.v),
         )
     )
@@ -177,13 +178,14 @@ def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
         for name in ("k", "v"):
             for a, b, old in zip(getattr(new, name), getattr(ref, name), getattr(before, name)):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
-                for row, end in enumerate(np.asarray(ref.lengths)):
-                    np.testing.assert_array_equal(np.asarray(a[row, :, end:]), np.asarray(old[row, :, end:]))
+                slots = (lambda x, r, e: x[r, ..., e:]) if name == "k" else (lambda x, r, e: x[r, :, e:])
+                for row, end in enumerate(np.asarray(ref.lengths)):  # keys [B, K, D, S], values [B, K, S, D]
+                    np.testing.assert_array_equal(np.asarray(slots(a, row, end)), np.asarray(slots(old, row, end)))
 
 
 def _numpy_attention(q, k, v, mask):
-    """float64 reference: q [B, T, H, D], k, v [B, K, S, D], mask [B, T, S] -> [B, T, H, D]."""
-    q, k, v = np.asarray(q, np.float64), *(np.asarray(x, np.float64).swapaxes(1, 2) for x in (k, v))
+    """float64 reference: q [B, T, H, D], k [B, K, D, S], v [B, K, S, D], mask [B, T, S] -> [B, T, H, D]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k.transpose(0, 3, 1, 2), v.swapaxes(1, 2)))
     rep = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)  # head j reads kv head j // rep
     scores = np.einsum("bthd,bshd->bths", q, k) / np.sqrt(q.shape[-1])
@@ -203,6 +205,7 @@ def test_cpu_decode_attention_equals_numpy_and_a_rows_bits_are_its_own(cache):
     b, h, kvh, d = 50, 4, 2, 16
     q = rng.normal(size=(b, 1, h, d)).astype(np.float32) * 3
     k, v = (rng.normal(size=(b, kvh, cache, d)).astype(np.float32) for _ in range(2))
+    k = np.ascontiguousarray(k.swapaxes(2, 3))  # keys [B, K, D, S]
     attend = jax.jit(attention.attend_decode_cpu)
     whole = jax.jit(functools.partial(attention._attend_one_query, exact=True))  # no span: every slot
     for longest in (60, 129, 700, cache):  # spans 128, 256, 1024 and the whole cache
@@ -228,6 +231,7 @@ def test_cpu_decode_attention_of_a_short_cache_equals_numpy(heads, kv_heads):
     b, d, cache = 16, 16, 200
     q = rng.normal(size=(b, 1, heads, d)).astype(np.float32) * 3
     k, v = (rng.normal(size=(b, kv_heads, cache, d)).astype(np.float32) for _ in range(2))
+    k = np.ascontiguousarray(k.swapaxes(2, 3))  # keys [B, K, D, S]
     lengths = rng.integers(1, cache + 1, b)
     mask = np.arange(cache)[None, None, :] < lengths[:, None, None]
     out = np.asarray(jax.jit(attention.attend_decode_cpu)(q, k, v, mask))

@@ -2,9 +2,10 @@
 fused alternatives through `jax.nn.dot_product_attention` (`IMPLS`), and the CPU decode form (one query per
 row over the KV cache as laid out).
 
-Shapes: q [B, T, H, D]; k, v [B, K, S, D] (the KV cache's layout: a decode step reads each kv head's keys as
-one contiguous [S, D] matrix, with no transpose) with H a multiple of K (query head j reads kv head j // (H / K));
-mask [B, T, S] bool (True = the query sees that key). Scores and softmax in fp32.
+Shapes: q [B, T, H, D]; keys k [B, K, D, S] and values v [B, K, S, D] (the KV cache's layout: per row and kv
+head, scores = q [G, D] @ k [D, S] and out = weights [G, S] @ v [S, D], two plain matmuls with no transpose)
+with H a multiple of K (query head j reads kv head j // (H / K)); mask [B, T, S] bool (True = the query sees
+that key). Scores and softmax in fp32.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ IMPLS = ("reference", "xla", "cudnn", "auto")
 
 
 def attend(q, k, v, mask, chunk: int = 0, impl: str = "reference"):
-    """Grouped-query attention. q [B, T, H, D]; k, v [B, K, S, D]; mask [B, T, S] bool -> [B, T, H, D].
+    """Grouped-query attention. q [B, T, H, D]; k [B, K, D, S]; v [B, K, S, D]; mask [B, T, S] bool
+    -> [B, T, H, D].
 
     Scores and softmax in fp32; a query whose keys are all masked gets a uniform (finite) average.
     With 0 < chunk < T, queries go `chunk` at a time (T padded up to a multiple) through a `lax.map` whose
@@ -67,7 +69,7 @@ def _attend_xla(q, k, v, mask):
     q's dtype (the call wants one dtype); it masks with -0.7 x the dtype's max, so a fully masked query
     also gets a uniform average."""
     dt = q.dtype
-    k, v = (x.swapaxes(1, 2).astype(dt) for x in (k, v))  # the call's [B, S, K, D]
+    k, v = k.transpose(0, 3, 1, 2).astype(dt), v.swapaxes(1, 2).astype(dt)  # the call's [B, S, K, D]
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
 
 
@@ -75,10 +77,11 @@ def _attend_cudnn(q, k, v, mask):
     """cuDNN's flash attention over the whole T (nothing chunked). Its backward with a mask (as a bias) takes
     only even T and S (jax's `check_is_flash_attention`), so an odd T or S is padded by one (a masked key, a
     dropped query)."""
-    t, s, dt = q.shape[1], k.shape[2], q.dtype
+    t, s, dt = q.shape[1], v.shape[2], q.dtype
     pt, ps = t % 2, s % 2
     q = jnp.pad(q, ((0, 0), (0, pt), (0, 0), (0, 0)))
-    k, v = (jnp.pad(x.swapaxes(1, 2).astype(dt), ((0, 0), (0, ps), (0, 0), (0, 0))) for x in (k, v))
+    k, v = k.transpose(0, 3, 1, 2), v.swapaxes(1, 2)  # the call's [B, S, K, D]
+    k, v = (jnp.pad(x.astype(dt), ((0, 0), (0, ps), (0, 0), (0, 0))) for x in (k, v))
     mask = jnp.pad(mask, ((0, 0), (0, pt), (0, ps)))
     out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
     return out[:, :t]
@@ -86,9 +89,9 @@ def _attend_cudnn(q, k, v, mask):
 
 def attend_decode_cpu(q, k, v, mask):
     """`attend` for one query per row on CPU, over the cache as laid out: per row and kv head, the G query
-    heads against that head's contiguous [S, D] keys (one small matmul, no transpose; in the [B, S, K, D]
-    layout this took XLA:CPU a transpose of both caches or K times the products, issue 41), a softmax over
-    the last axis, then the weights against the [S, D] values.
+    heads [G, D] @ that head's keys [D, S], a softmax over the last axis, then the weights [G, S] @ its values
+    [S, D] (plain matmuls: in a [B, S, K, D] layout XLA:CPU transposed both caches at every step or computed
+    K times the products; keys as [S, D] took a transposed matmul, ~1.7x slower; issue 41).
 
     A cache of SPANS_FROM slots or more is read over the shortest span that holds every row's keys (its first
     128, 256, 512, ... slots, or all; a `lax.switch` on the mask): at 1,024 slots a step is bound by reading
@@ -98,7 +101,7 @@ def attend_decode_cpu(q, k, v, mask):
     a slot as in a lockstep batch. Smaller caches take the plain softmax, whose sums XLA:CPU may run with
     different kernels by size, so there a row's bits can follow the batch when B x S is small.
     """
-    s = k.shape[2]
+    s = v.shape[2]
     if s < SPANS_FROM:
         return _attend_one_query(q, k, v, mask, exact=False)
     spans = cache_spans(s)
@@ -108,18 +111,19 @@ def attend_decode_cpu(q, k, v, mask):
 
 
 def _attend_one_query(q, k, v, mask, exact: bool, span: int | None = None):
-    """One query per row over the cache's first `span` slots (None: all). q [B, 1, H, D]; k, v [B, K, S, D].
+    """One query per row over the cache's first `span` slots (None: all). q [B, 1, H, D]; k [B, K, D, S];
+    v [B, K, S, D].
     exact: the softmax's max and sum, and the weighted sum of values, in `_fixed_order`-style blocks of
     SPAN_BLOCK slots, so the slots past a row's keys add exact zeros (its bits follow neither its batch nor
     the span) and no sum runs over more than SPAN_BLOCK terms (one matmul over 1,152 slots strays ~1e-6 from
     a float64 sum)."""
     if span is not None:
-        k, v, mask = k[:, :, :span], v[:, :, :span], mask[:, :, :span]
+        k, v, mask = k[..., :span], v[:, :, :span], mask[:, :, :span]
     b, _, h, d = q.shape
-    kvh, s = k.shape[1], k.shape[2]
+    kvh, s = v.shape[1], v.shape[2]
     g = h // kvh
     q = q.reshape(b, kvh, g, d).astype(jnp.float32)
-    scores = jnp.einsum("bkgd,bksd->bkgs", q, k.astype(jnp.float32)) * (d**-0.5)  # [B, K, G, S]
+    scores = jnp.einsum("bkgd,bkds->bkgs", q, k.astype(jnp.float32)) * (d**-0.5)  # [B, K, G, S]
     scores = jnp.where(mask[:, :, None, :], scores, NEG)
     v = v.astype(jnp.float32)
     # the softmax normalised after the weighted sum, as `_attend_reference` does (closer to float64)
@@ -180,16 +184,16 @@ def _attend_dense(q, k, v, mask, chunk: int):
 def _attend_reference(q, k, v, mask):
     b, t, h, d = q.shape
     kvh = k.shape[1]
-    q = q.reshape(b, t, kvh, h // kvh, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    # q as [B, K, G, T, D]: each dot in the batched matmul's own layouts (XLA:CPU 0.10 has no bf16 x bf16 = f32
+    # dot for other orders of these operands)
+    q = jnp.moveaxis(q.reshape(b, t, kvh, h // kvh, d), 1, 3)
+    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (d**-0.5)
     scores = jnp.where(mask[:, None, None], scores, NEG)
     # softmax normalised after the weighted sum (as flash attention does): one rounding of the sum instead of
     # one per probability. fp32 log-probs of a full forward land ~25% closer to a float64 forward (max error
     # 9.7e-6 -> 7.3e-6 on the tiny searcher), and so closer to the sampler's (bench/RESULTS.md, issue 17)
     unnormalised = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-    # [B, K, G, T, D], the batched matmul's own layout (XLA:CPU 0.10 has no bf16 x bf16 = f32 dot for the
-    # output in [B, T, K, G, D] order), then divided and moved
     out = jnp.einsum("bkgts,bksd->bkgtd", unnormalised.astype(v.dtype), v, preferred_element_type=jnp.float32)
     out = out / jnp.sum(unnormalised, axis=-1)[..., None]
     return jnp.moveaxis(out.astype(v.dtype), 3, 1).reshape(b, t, h, d)

@@ -28,9 +28,9 @@ on small models a decode step costs per op rather than per FLOP.
     final_norm/scale         [E]
     lm_head/kernel           [E, V]        (embed, vocab)    absent when embeddings are tied
 
-The KV cache is a `KVCache` pytree: k, v (tuples of L arrays [B, K, S, D], one per layer, so each decode
-step updates every layer's buffer in place; each kv head's slots contiguous, so a decode step's attention
-reads them with no transpose) and lengths [B]: row b holds its valid tokens in slots
+The KV cache is a `KVCache` pytree: k (L arrays [B, K, D, S]), v (L arrays [B, K, S, D]) (one per layer, so
+each decode step updates every layer's buffer in place; laid out so that a decode step's attention is two
+plain matmuls per row and kv head, `models/attention.py`) and lengths [B]: row b holds its valid tokens in slots
 [0, lengths[b]) and its next token has position lengths[b]. `extend` appends a
 chunk of tokens per row (padding anywhere in the chunk is skipped), which serves prefill (empty
 cache), one-token decode and appending retrieved observations at each row's own offset.
@@ -112,7 +112,7 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, cos, sin, mask, kv_write):
         """x [B, T, E]. kv_write(k, v) -> (k_all, v_all, extra): how the chunk's keys [B, T, K, D] meet the
-        context (k_all, v_all [B, K, S, D], `attend`'s layout)."""
+        context (k_all [B, K, D, S], v_all [B, K, S, D], `attend`'s layout)."""
         cfg = self.config
         e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         init = nn.initializers.normal(0.02)
@@ -281,8 +281,8 @@ def hidden_states(config: Qwen2Config, params: Params, input_ids, attention_mask
 
 
 def _no_cache(k, v):
-    """The chunk's own keys and values as the context: [B, T, K, D] -> [B, K, T, D]."""
-    return k.swapaxes(1, 2), v.swapaxes(1, 2), None
+    """The chunk's own keys and values as the context: [B, T, K, D] -> k [B, K, D, T], v [B, K, T, D]."""
+    return k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), None
 
 
 def _scanned_hidden_states(config: Qwen2Config, params: Params, input_ids, positions, mask):
@@ -368,31 +368,33 @@ def token_logprobs(
 
 # the KV cache's logical axes. Not [B, K, S, D]: that layout's write (slots indexed around the kv-head axis)
 # made libtpu's decode step hold a cache-sized temporary (bench/RESULTS.md, issue 17)
-CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")
+CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")  # the values' [B, K, S, D]
+KEY_CACHE_AXES = ("batch", "kv_heads", "head_dim", "length")  # the keys' [B, K, D, S]
 
 
 @flax.struct.dataclass
 class KVCache:
     """The decode cache of B rows and S slots: row b holds its valid tokens in slots [0, lengths[b])."""
 
-    k: tuple  # L x [B, K, S, D] (CACHE_AXES): each layer's keys
-    v: tuple  # L x [B, K, S, D]: each layer's values
+    k: tuple  # L x [B, K, D, S] (KEY_CACHE_AXES): each layer's keys
+    v: tuple  # L x [B, K, S, D] (CACHE_AXES): each layer's values
     lengths: jax.Array  # [B] int32: the row's tokens; its next one goes to slot (and position) lengths[b]
 
     @property
     def max_len(self) -> int:
         """S: slots per row."""
-        return self.k[0].shape[2]
+        return self.v[0].shape[2]
 
 
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
-    """An empty cache: k, v tuples of L zero arrays [B, K, S, D] in the compute dtype; lengths [B] zeros."""
-    shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    """An empty cache in the compute dtype: k, v tuples of L zero arrays, [B, K, D, S] and [B, K, S, D];
+    lengths [B] zeros."""
+    b, kvh, d = batch, config.num_key_value_heads, config.head_dim
     dtype = dtype or config.compute_dtype
     layers = range(config.num_hidden_layers)
     return KVCache(  # sharded like the activations, when they are
-        k=tuple(_constrain(jnp.zeros(shape, dtype), CACHE_AXES) for _ in layers),
-        v=tuple(_constrain(jnp.zeros(shape, dtype), CACHE_AXES) for _ in layers),
+        k=tuple(_constrain(jnp.zeros((b, kvh, d, max_len), dtype), KEY_CACHE_AXES) for _ in layers),
+        v=tuple(_constrain(jnp.zeros((b, kvh, max_len, d), dtype), CACHE_AXES) for _ in layers),
         lengths=_constrain(jnp.zeros((batch,), jnp.int32), ("batch",)),
     )
 
@@ -429,8 +431,9 @@ def extend(
     def writer(layer):
         def kv_write(k, v):
             k_cache, v_cache = cache.k[layer], cache.v[layer]
-            # [rows, :, write_slot] picks [B, T, K, D] (the sliced head axis after the indexed ones): k as it is
-            k_all = k_cache.at[rows, :, write_slot].set(k.astype(k_cache.dtype), mode="drop")
+            # [rows, :, :, write_slot] and [rows, :, write_slot] pick [B, T, K, D] (the sliced axes after the
+            # indexed ones): k and v as they are
+            k_all = k_cache.at[rows, :, :, write_slot].set(k.astype(k_cache.dtype), mode="drop")
             v_all = v_cache.at[rows, :, write_slot].set(v.astype(v_cache.dtype), mode="drop")
             return k_all[:b], v_all[:b], (k_all, v_all)
 
@@ -468,13 +471,13 @@ def extend_over_span(config: Qwen2Config, params: Params, cache: KVCache, tokens
 
     def over(n):
         def run(cache: KVCache):
-            part = cache.replace(k=tuple(a[:, :, :n] for a in cache.k), v=tuple(a[:, :, :n] for a in cache.v))
+            part = cache.replace(k=tuple(a[..., :n] for a in cache.k), v=tuple(a[:, :, :n] for a in cache.v))
             logits, new = extend(config, params, part, tokens, token_mask)
 
-            def put(whole, head):
-                return jax.lax.dynamic_update_slice_in_dim(whole, head, 0, axis=2)
+            def put(axis):
+                return lambda whole, head: jax.lax.dynamic_update_slice_in_dim(whole, head, 0, axis=axis)
 
-            k, v = tuple(map(put, cache.k, new.k)), tuple(map(put, cache.v, new.v))
+            k, v = tuple(map(put(3), cache.k, new.k)), tuple(map(put(2), cache.v, new.v))
             return logits, KVCache(k=k, v=v, lengths=new.lengths)
 
         return run
@@ -495,8 +498,9 @@ def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_
         config, params, init_cache(config, input_ids.shape[0], span), input_ids, attention_mask
     )
     if span < max_len:
-        pad = ((0, 0), (0, 0), (0, max_len - span), (0, 0))
-        k, v = (tuple(_constrain(jnp.pad(a, pad), CACHE_AXES) for a in kv) for kv in (cache.k, cache.v))
+        more = max_len - span
+        k = tuple(_constrain(jnp.pad(a, ((0, 0),) * 3 + ((0, more),)), KEY_CACHE_AXES) for a in cache.k)
+        v = tuple(_constrain(jnp.pad(a, ((0, 0), (0, 0), (0, more), (0, 0))), CACHE_AXES) for a in cache.v)
         cache = cache.replace(k=k, v=v)
     return logits, cache
 

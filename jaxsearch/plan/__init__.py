@@ -246,14 +246,12 @@ def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -
 def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) -> qwen2.KVCache:
     """The decode KV cache, batch over the data axes and kv heads over `tensor` where it divides."""
     shapes = jax.eval_shape(functools.partial(qwen2.init_cache, config, batch, cache_len))
-    kv = NamedSharding(
-        mesh,
-        parallel.logical_to_spec(qwen2.CACHE_AXES, shapes.k[0].shape, mesh),
-    )
+    keys = NamedSharding(mesh, parallel.logical_to_spec(qwen2.KEY_CACHE_AXES, shapes.k[0].shape, mesh))
+    values = NamedSharding(mesh, parallel.logical_to_spec(qwen2.CACHE_AXES, shapes.v[0].shape, mesh))
     lengths = NamedSharding(mesh, parallel.logical_to_spec(("batch",), (batch,), mesh))
     return qwen2.KVCache(
-        k=tuple(_with(x, kv) for x in shapes.k),
-        v=tuple(_with(x, kv) for x in shapes.v),
+        k=tuple(_with(x, keys) for x in shapes.k),
+        v=tuple(_with(x, values) for x in shapes.v),
         lengths=_with(shapes.lengths, lengths),
     )
 
