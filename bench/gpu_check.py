@@ -449,7 +449,9 @@ def part_attention(mode: Mode) -> dict:
     b, t, dt = a["batch"], a["length"], jnp.dtype(a["dtype"])
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((b, t, a["heads"], a["head_dim"])), dt)
-    k, v = (jnp.asarray(rng.standard_normal((b, t, a["kv_heads"], a["head_dim"])), dt) for _ in range(2))
+    kv_shape = (b, a["kv_heads"], t, a["head_dim"])  # `attend`'s layouts: keys [B, K, D, S], values [B, K, S, D]
+    k, v = (jnp.asarray(rng.standard_normal(kv_shape), dt) for _ in range(2))
+    k = k.swapaxes(2, 3)
     valid = np.arange(t)[None] >= rng.integers(0, t // 4, (b, 1))  # left padding, as the prompts have
     mask = jnp.asarray(np.tril(np.ones((t, t), bool))[None] & valid[:, None, :])
     w = jnp.asarray(rng.standard_normal(q.shape), dt)
