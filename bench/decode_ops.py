@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -142,8 +143,7 @@ def main():
     args = ap.parse_args()
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, code {sys.path[0]}", flush=True)
     for chunk in args.chunk:
-        for f in glob.glob(os.path.join(DUMP, "*")):
-            os.remove(f)
+        shutil.rmtree(DUMP, ignore_errors=True)  # the previous chunk's dumps
         print(json.dumps(measure(args.size, chunk, args.reps, args.top)), flush=True)
 
 
