@@ -34,11 +34,10 @@ os.environ["XLA_FLAGS"] = (
 import jax
 import numpy as np
 from common import SIZES
+from rollout import BATCH, NEW, PROMPT, greedy_sampler
 
-from jaxsearch.agent import sampler as S
 from jaxsearch.models import qwen2
 
-BATCH, PROMPT, NEW = 16, 64, 128
 _SKIP = ("get-tuple-element(", " bitcast(", " constant(", " parameter(", " tuple(")
 
 
@@ -73,14 +72,7 @@ def kind(op_name: str, name: str) -> str:
 def measure(size: str, chunk: int, reps: int, top: int) -> dict:
     config = qwen2.Qwen2Config(**SIZES[size], tie_word_embeddings=True, attention_chunk=chunk)
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
-    smp = S.Sampler(
-        config,
-        S.StopTable.eos_only(config.vocab_size),
-        cache_len=PROMPT + NEW,
-        max_segment=NEW,
-        sampling=S.SamplingParams(temperature=0.0),
-        prompt_buckets=[PROMPT],
-    )
+    smp = greedy_sampler(config)
     prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (BATCH, PROMPT)).tolist()
     start = smp.start(params, prompts, 0)
 

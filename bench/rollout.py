@@ -81,10 +81,9 @@ def main():
         episode_bench()
 
 
-def compare(config, params, model, torch_device: str, batch: int, reps: int, profile: str = ""):
-    """Greedy decode of `batch` random 64-token prompts, NEW tokens each, by both; their times and tokens."""
-    prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (batch, PROMPT))
-    smp = S.Sampler(
+def greedy_sampler(config) -> S.Sampler:
+    """The workload's sampler: greedy, NEW tokens a call, a cache of PROMPT + NEW slots, PROMPT-token prompts."""
+    return S.Sampler(
         config,
         S.StopTable.eos_only(config.vocab_size),
         cache_len=PROMPT + NEW,
@@ -92,6 +91,12 @@ def compare(config, params, model, torch_device: str, batch: int, reps: int, pro
         sampling=S.SamplingParams(temperature=0.0),
         prompt_buckets=[PROMPT],
     )
+
+
+def compare(config, params, model, torch_device: str, batch: int, reps: int, profile: str = ""):
+    """Greedy decode of `batch` random 64-token prompts, NEW tokens each, by both; their times and tokens."""
+    prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (batch, PROMPT))
+    smp = greedy_sampler(config)
     rows = prompts.tolist()
 
     def ours():
