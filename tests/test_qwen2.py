@@ -20,6 +20,21 @@ from tiny_models import tiny_qwen2_config
 # the sharding tests' model: 16 wide (4 heads of 4 dims, 2 kv heads), MLP 24, a 32-token vocabulary
 SHARDED_TINY = tiny_qwen2_config(32, hidden_size=16, intermediate_size=24)
 
+# The model's functions jitted, the config static: op by op (eager), one tiny model's gradient took ~30 s of a
+# 2-core machine, jitted a few seconds.
+forward = jax.jit(qwen2.forward, static_argnums=0)
+prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
+extend = jax.jit(qwen2.extend, static_argnums=0)
+extend_over_span = jax.jit(qwen2.extend_over_span, static_argnums=0)
+decode_step = jax.jit(qwen2.decode_step, static_argnums=0)
+token_logprobs = jax.jit(qwen2.token_logprobs, static_argnums=0, static_argnames="return_entropy")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def mean_logprob_grad(config, params, ids, mask):
+    """Gradient of the mean next-token log-prob (targets: `ids` shifted left by one) over `params`."""
+    return jax.grad(lambda p: qwen2.token_logprobs(config, p, ids, mask, jnp.roll(ids, -1, 1)).mean())(params)
+
 
 @pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
 def tiny(request, tmp_path_factory):
@@ -35,11 +50,11 @@ def test_logits_match_transformers_left_padded(tiny):
     _, model, config, params = tiny
     ids, mask = left_padded_batch(config.vocab_size, [12, 7, 3, 12], seed=1)
     ref = hf_logits(model, ids, mask)
-    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, ids, mask))
+    ours = np.asarray(forward(config, params, ids, mask))
     valid = mask.astype(bool)
     assert np.abs(ours - ref)[valid].max() <= 1e-4
     # a left-padded row equals the same row unpadded
-    short = np.asarray(qwen2.forward(config, params, ids[2:3, -3:], mask[2:3, -3:]))
+    short = np.asarray(forward(config, params, ids[2:3, -3:], mask[2:3, -3:]))
     np.testing.assert_allclose(ours[2, -3:], short[0], atol=1e-5)
 
 
@@ -79,17 +94,15 @@ def _check_greedy_decode_equals_full_forward(config, params, lengths, seed, step
     """Prefill left-padded prompts of `lengths`, decode `steps` greedy tokens in a cache of `max_len` slots,
     compare every step's logits to a full forward over the sequence so far."""
     ids, mask = left_padded_batch(config.vocab_size, lengths, seed=seed)
-    prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
-    step = jax.jit(qwen2.decode_step, static_argnums=0)
     logits, cache = prefill(config, params, ids, mask, max_len)
     seq, seq_mask, step_logits = ids, mask, [np.asarray(logits)]
     for _ in range(steps):
         tok = np.asarray(jnp.argmax(logits, -1))
         seq = np.concatenate([seq, tok[:, None]], 1)
         seq_mask = np.concatenate([seq_mask, np.ones_like(tok)[:, None]], 1)
-        logits, cache = step(config, params, cache, tok)
+        logits, cache = decode_step(config, params, cache, tok)
         step_logits.append(np.asarray(logits))
-    full = np.asarray(qwen2.forward(config, params, seq, seq_mask))
+    full = np.asarray(forward(config, params, seq, seq_mask))
     t0 = ids.shape[1]
     for i, lg in enumerate(step_logits):
         np.testing.assert_allclose(lg, full[:, t0 - 1 + i], atol=2e-4, err_msg=f"step {i}")
@@ -113,18 +126,18 @@ def test_extend_appends_at_each_rows_own_offset(tiny):
     ids, mask = left_padded_batch(v, [5, 3, 7])
     for b, p in enumerate(prompts):
         ids[b, ids.shape[1] - len(p) :] = p
-    _, cache = qwen2.prefill(config, params, ids, mask, 32)
+    _, cache = prefill(config, params, ids, mask, 32)
     chunk_ids = np.zeros((3, 6), np.int64)
     chunk_mask = np.zeros((3, 6), np.int64)
     chunk_ids[0, [0, 2, 3, 5]] = chunks[0]
     chunk_mask[0, [0, 2, 3, 5]] = 1  # holes inside the chunk
     chunk_ids[2, 4:] = chunks[2]
     chunk_mask[2, 4:] = 1  # left padded
-    _, cache = qwen2.extend(config, params, cache, chunk_ids, chunk_mask)
-    logits, cache = qwen2.decode_step(config, params, cache, np.concatenate(nexts))
+    _, cache = extend(config, params, cache, chunk_ids, chunk_mask)
+    logits, cache = decode_step(config, params, cache, np.concatenate(nexts))
     for b in range(3):
         seq = np.concatenate([prompts[b], chunks[b], nexts[b]])[None]
-        ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
+        ref = np.asarray(forward(config, params, seq, np.ones_like(seq)))[0, -1]
         np.testing.assert_allclose(np.asarray(logits[b]), ref, atol=2e-4, err_msg=f"row {b}")
     assert list(np.asarray(cache.lengths)) == [5 + 4 + 1, 3 + 0 + 1, 7 + 2 + 1]
 
@@ -141,8 +154,8 @@ def test_extend_of_a_caches_first_rows_keeps_the_others(tiny):
         full = qwen2.KVCache(k=k, v=v, lengths=jnp.asarray([7, 3, 20, 9, 1], jnp.int32))
         head = jax.tree.map(lambda a: a[:2], full)
         ids = rng.integers(0, config.vocab_size, (2, 6))
-        logits, new = qwen2.extend_over_span(config, params, full, ids)
-        ref_logits, ref = qwen2.extend_over_span(config, params, head, ids)
+        logits, new = extend_over_span(config, params, full, ids)
+        ref_logits, ref = extend_over_span(config, params, head, ids)
         np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(np.asarray(new.lengths), [13, 9, 20, 9, 1])
         for name in ("k", "v"):
@@ -167,12 +180,10 @@ def test_extend_over_a_span_equals_extend_and_keeps_the_slots_past_it(tiny):
     ids = rng.integers(0, config.vocab_size, (2, 16))
     mask = np.ones((2, 16), np.int32)
     mask[1, 10:] = 0
-    over_span = jax.jit(functools.partial(qwen2.extend_over_span, config))
-    whole = jax.jit(functools.partial(qwen2.extend, config))
     for lengths in ([100, 3], [200, 50], [480, 10], [1000, 0]):  # spans 128, 256, 512, 1024
         before = cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
-        logits, new = over_span(params, before, ids, mask)
-        ref_logits, ref = whole(params, before, ids, mask)
+        logits, new = extend_over_span(config, params, before, ids, mask)
+        ref_logits, ref = extend(config, params, before, ids, mask)
         np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(np.asarray(new.lengths), np.asarray(ref.lengths))
         for name in ("k", "v"):
@@ -249,7 +260,7 @@ def test_token_logprobs_equal_numpy_log_softmax(tiny):
     config = config.replace(logprob_chunk=4)  # several chunks plus a ragged tail over T=11
     ids, mask = left_padded_batch(config.vocab_size, [11, 6], seed=4)
     targets = np.roll(ids, -1, axis=1)
-    logits = np.asarray(qwen2.forward(config, params, ids, mask), np.float64)
+    logits = np.asarray(forward(config, params, ids, mask), np.float64)
     logp_ref = (
         logits
         - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
@@ -257,7 +268,7 @@ def test_token_logprobs_equal_numpy_log_softmax(tiny):
     )
     picked = np.take_along_axis(logp_ref, targets[..., None], -1)[..., 0]
     entropy = -(np.exp(logp_ref) * logp_ref).sum(-1)
-    logp, ent = qwen2.token_logprobs(config, params, ids, mask, targets, return_entropy=True)
+    logp, ent = token_logprobs(config, params, ids, mask, targets, return_entropy=True)
     valid = mask.astype(bool)
     np.testing.assert_allclose(np.asarray(logp)[valid], picked[valid], atol=1e-4)
     np.testing.assert_allclose(np.asarray(ent)[valid], entropy[valid], atol=1e-4)
@@ -266,10 +277,10 @@ def test_token_logprobs_equal_numpy_log_softmax(tiny):
 def test_bf16_forward_close_to_fp32(tiny):
     _, _, config, params = tiny
     ids, mask = left_padded_batch(config.vocab_size, [10, 5], seed=5)
-    ref = np.asarray(qwen2.forward(config, params, ids, mask))
+    ref = np.asarray(forward(config, params, ids, mask))
     cfg16 = config.replace(dtype="bfloat16", param_dtype="bfloat16")
     p16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
-    out = np.asarray(qwen2.forward(cfg16, p16, ids, mask))
+    out = np.asarray(forward(cfg16, p16, ids, mask))
     assert out.dtype == np.float32  # logits come back in fp32
     valid = mask.astype(bool)
     err = np.abs(out - ref)[valid]
@@ -282,11 +293,8 @@ def test_remat_gives_same_gradients(tiny):
     _, _, config, params = tiny
     ids, mask = left_padded_batch(config.vocab_size, [8, 5], seed=6)
 
-    def loss(p, cfg):
-        return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
-
-    g = jax.grad(loss)(params, config)
-    g_remat = jax.grad(loss)(params, config.replace(remat=True))
+    g = mean_logprob_grad(config, params, ids, mask)
+    g_remat = mean_logprob_grad(config.replace(remat=True), params, ids, mask)
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_remat)):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -297,16 +305,13 @@ def test_chunked_attention_matches_transformers_and_dense_gradients(tiny):
     _, model, config, params = tiny
     ids, mask = left_padded_batch(config.vocab_size, [12, 7, 3, 12], seed=7)
     chunked = config.replace(attention_chunk=5)
-    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(chunked, params, ids, mask))
+    ours = np.asarray(forward(chunked, params, ids, mask))
     ref = hf_logits(model, ids, mask)
     valid = mask.astype(bool)
     np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4)
 
-    def loss(p, cfg):
-        return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
-
-    g = jax.grad(loss)(params, config)
-    g_chunked = jax.grad(loss)(params, chunked.replace(remat=True))
+    g = mean_logprob_grad(config, params, ids, mask)
+    g_chunked = mean_logprob_grad(chunked.replace(remat=True), params, ids, mask)
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_chunked)):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -318,15 +323,12 @@ def test_scanned_layers_equal_the_unrolled_loop(tiny, remat):
     _, model, config, params = tiny
     ids, mask = left_padded_batch(config.vocab_size, [9, 4, 9], seed=8)
     scanned = config.replace(scan_layers=True, remat=remat)
-    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(scanned, params, ids, mask))
+    ours = np.asarray(forward(scanned, params, ids, mask))
     valid = mask.astype(bool)
     np.testing.assert_allclose(ours[valid], hf_logits(model, ids, mask)[valid], atol=1e-4)
 
-    def loss(p, cfg):
-        return qwen2.token_logprobs(cfg, p, ids, mask, np.roll(ids, -1, 1)).mean()
-
-    g = jax.grad(loss)(params, config)
-    g_scan = jax.grad(loss)(params, scanned)
+    g = mean_logprob_grad(config, params, ids, mask)
+    g_scan = mean_logprob_grad(scanned, params, ids, mask)
     assert jax.tree_util.tree_structure(g) == jax.tree_util.tree_structure(g_scan)
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_scan)):
         np.testing.assert_allclose(a, b, atol=1e-6)
