@@ -19,6 +19,10 @@ import atexit
 import shutil
 import tempfile
 
+# Every compile goes to that cache, not only those over a second (JAX's default): a tiny job compiles ~130
+# programs, most well under a second each (eager random inits, small helpers), and the tests run the same tiny
+# shapes in many subprocesses (a run, its killed copy, its resume; a config's two runs).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 for _variable, _prefix in [
     ("JAX_COMPILATION_CACHE_DIR", "jaxsearch-tests-xla-cache-"),
     ("JAXSEARCH_TEST_CACHE", "jaxsearch-tests-cache-"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 
 
@@ -49,8 +50,7 @@ class MetricWriter:
         self._tb = None
         if enabled:
             try:
-                from tensorboardX import SummaryWriter
-
+                SummaryWriter = _tensorboardx_writer()
                 self._tb = SummaryWriter(os.path.join(workdir, "tb"))
             except ImportError:
                 pass
@@ -74,3 +74,19 @@ class MetricWriter:
             rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
         with open(self.path, "w") as f:
             f.writelines(rows)
+
+
+def _tensorboardx_writer():
+    """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch wherever it is installed
+    (3 s of a 2-core machine's start-up, in every training process) only to accept torch tensors, and we log
+    floats. Raises ImportError without tensorboardX."""
+    if "torch" in sys.modules:  # already paid for
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX takes as "no torch"
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
