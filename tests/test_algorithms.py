@@ -16,6 +16,7 @@ from jaxsearch.rl.algorithms import GRPO, PPO, make_algorithm
 from jaxsearch.rl.step_log import StepTimer
 from jaxsearch.models.sharding import param_shardings
 
+from hang import HANG_S
 from tiny_models import tiny_qwen2_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,3 +189,32 @@ def test_training_in_process_attributes_every_second_and_ppo_writes_its_own_dir(
     assert "time/evaluate_s" in rows[2] and "eval/synthetic/em" in rows[2]
     assert np.isfinite(rows[2]["critic/vf_loss"]) and np.isfinite(rows[2]["pg_loss"])
     assert os.path.isdir(tmp_path / "ppo" / "params")
+
+
+def test_metric_writer_writes_jsonl_and_tensorboard_without_importing_torch(tmp_path):
+    """A step's metrics go to metrics.jsonl and to a TensorBoard event file that tensorboard's own reader gives
+    back; tensorboardX is imported without torch (installed here, for the parity tests), which cost every
+    training process ~3 s of start-up."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from jaxsearch.rl.step_log import MetricWriter\n"
+        f"w = MetricWriter({str(tmp_path)!r}); w.write(3, {{'reward/em': 0.25}}); w.write(4, {{'reward/em': 0.5}})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows == [{"step": 3, "reward/em": 0.25}, {"step": 4, "reward/em": 0.5}]
+    from tensorboardX.proto.event_pb2 import Event
+
+    (events,) = (tmp_path / "tb").iterdir()
+    scalars = []
+    data = events.read_bytes()
+    while data:  # TFRecord framing: length (8 bytes), its crc (4), the record, its crc (4)
+        n = int.from_bytes(data[:8], "little")
+        event = Event.FromString(data[12 : 12 + n])
+        scalars += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
+        data = data[16 + n :]
+    assert scalars == [(3, "reward/em", 0.25), (4, "reward/em", 0.5)]

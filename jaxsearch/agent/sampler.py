@@ -266,12 +266,13 @@ def _logprob_and_entropy(x, tokens, entropy: bool = True):
     Entropy: log s - sum(e z) / s with z = x - max, e = exp(z), s = sum(e)."""
     z = x - jnp.max(x, axis=-1, keepdims=True)
     e = jnp.exp(z)
-    log_s = jnp.log(jnp.sum(e, axis=-1))
+    s = jnp.sum(e, axis=-1)
+    log_s = jnp.log(s)
     logprob = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - log_s
     if not entropy:
         return logprob, None
     ez = jnp.where(e > 0, e * z, 0.0)  # a -inf entry: 0 * -inf would be NaN
-    return logprob, log_s - jnp.sum(ez, axis=-1) / jnp.exp(log_s)
+    return logprob, log_s - jnp.sum(ez, axis=-1) / s
 
 
 def _sample_per_row(logits, keys, counters, top_k: int, rows: RowSampling):
