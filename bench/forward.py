@@ -7,8 +7,6 @@ Prints one JSON line per size with tokens/s of each and their ratio, and checks 
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 
 

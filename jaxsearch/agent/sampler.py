@@ -261,8 +261,7 @@ def sample_tokens(logits, keys, counters, sampling: SamplingParams, rows: RowSam
 def _logprob_and_entropy(x, tokens, entropy: bool = True):
     """log softmax(x)[b, tokens[b]] [B] and the entropy of softmax(x) [B] (None without `entropy`), for
     logits x [B, V] fp32 (-inf allowed, one finite entry per row at least): a max and sums over exp(x - max),
-    with no [B, V] log-probs in memory (a decode step of bench/rollout.py's S ran ~8 passes over its logits for
-    these and the argmax; issue 41). log-prob: the ops of `jax.nn.log_softmax`, so the same bits.
+    no [B, V] log-probs in memory (issue 41). log-prob: `jax.nn.log_softmax`'s ops, so the same bits.
     Entropy: log s - sum(e z) / s with z = x - max, e = exp(z), s = sum(e)."""
     z = x - jnp.max(x, axis=-1, keepdims=True)
     e = jnp.exp(z)
