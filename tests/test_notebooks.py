@@ -20,7 +20,6 @@ sys.path.insert(0, NOTEBOOKS)
 
 import runs  # noqa: E402
 from hang import HANG_S
-from tiny_models import WIRING_XLA_FLAGS
 
 # pytest-xdist: the module's tests share its costly fixtures, so one worker runs them all
 pytestmark = pytest.mark.xdist_group("notebooks")
@@ -102,7 +101,7 @@ def two_runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     env = dict(
         os.environ,
-        XLA_FLAGS=WIRING_XLA_FLAGS,
+        XLA_FLAGS="",  # one CPU device per process: the trainer's own mesh
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )

@@ -2,12 +2,6 @@
 
 from jaxsearch.models import qwen2
 
-# XLA_FLAGS for a training subprocess whose test checks the wiring of a job, not its numbers (the tiny
-# configs' shortened jobs, the notebook's runs): one CPU device (the config's own mesh), and LLVM's backend
-# optimisation off, which compiles a tiny job's ~130 programs in ~0.75 of the time (they dominate its wall
-# time; the programs' HLO is the same, their float results may differ in the last bit).
-WIRING_XLA_FLAGS = "--xla_backend_optimization_level=0"
-
 
 def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
     """A 1-layer, 32-wide Qwen2 (4 query heads of 8 dims, 2 kv heads, MLP 64): fast on CPU, yet exercises GQA.
