@@ -192,8 +192,8 @@ def test_training_in_process_attributes_every_second_and_ppo_writes_its_own_dir(
 
 
 def test_metric_writer_writes_jsonl_and_tensorboard_without_importing_torch(tmp_path):
-    """A step's metrics go to metrics.jsonl and to a TensorBoard event file that tensorboard's own reader gives
-    back; tensorboardX is imported without torch (installed here, for the parity tests), which cost every
+    """A step's metrics go to metrics.jsonl and to a TensorBoard event file (read back here: its TFRecord framing,
+    tensorboardX's Event protobuf); tensorboardX is imported without torch (installed here, for the parity tests), which cost every
     training process ~3 s of start-up."""
     import subprocess
     import sys

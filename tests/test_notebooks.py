@@ -96,15 +96,10 @@ def _direct_series(path, key):
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """Train the two runs one after the other; the second reuses the first's compiled programs (same
-    shapes) from the test session's persistent compilation cache (conftest), here for every compile however
-    short, which is faster on 2 cores than in parallel."""
+    shapes) from the test session's persistent compilation cache (conftest: every compile, however short),
+    which is faster on 2 cores than in parallel."""
     base = tmp_path_factory.mktemp("runs")
-    env = dict(
-        os.environ,
-        XLA_FLAGS="",  # one CPU device per process: the trainer's own mesh
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+    env = dict(os.environ, XLA_FLAGS="")  # one CPU device per process: the trainer's own mesh
     dirs = {"baseline": str(base / "run_a"), "eka": str(base / "run_b")}
     extra = {"baseline": [], "eka": ["--config.protocol.name=eka"]}
     for name, workdir in dirs.items():

@@ -80,13 +80,12 @@ def _tensorboardx_writer():
     """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch wherever it is installed
     (3 s of a 2-core machine's start-up, in every training process) only to accept torch tensors, and we log
     floats. Raises ImportError without tensorboardX."""
-    if "torch" in sys.modules:  # already paid for
-        from tensorboardX import SummaryWriter
-
-        return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX takes as "no torch"
+    block = "torch" not in sys.modules  # imported already: nothing to save
+    if block:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX takes as "no torch"
     try:
         from tensorboardX import SummaryWriter
     finally:
-        del sys.modules["torch"]
+        if block:
+            del sys.modules["torch"]
     return SummaryWriter
