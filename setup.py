@@ -36,6 +36,7 @@ EXTRAS = {
         "pytest-xdist==3.8.0",
         "torch==2.13.0",
         "transformers==5.24.0",
+        "peft==0.21.2",  # tests/test_peft_io.py: LoRA adapters against peft's own loading and forward
         "rank-bm25==0.2.2",
         "jinja2==3.1.6",
         "openai>=3.63,<4",  # tests/test_serve_openai.py: the served agent through the official client

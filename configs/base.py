@@ -180,6 +180,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.use_p0 = (
         False  # EKA: ideal traces read from P0 what it holds instead of searching (agent/sft_traces.p0_trace)
     )
+    # LoRA (rank 0: off, every parameter trained): the base frozen and shared with the reference, adapters on
+    # target_modules (transformers' names, comma-separated, or "all-linear") trained and checkpointed, saved in
+    # peft's format at the end (WORKDIR/grpo/adapter); the sampler reads base + adapters merged once per step
+    c.lora = dict(rank=0, alpha=32.0, dropout=0.0, target_modules="all-linear", rslora=False)
     c.mesh = dict(data=1, fsdp=-1, tensor=1)
     c.distributed = dict(coordinator="", num_processes=0, process_id=-1)  # empty: from the environment
     c.lock()

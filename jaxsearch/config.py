@@ -12,6 +12,7 @@ set" as "" or 0; here every such value becomes an explicit None, in one place (`
     initial_retriever.kind ""  -> initial_retriever None (P0 from the retriever)
     judge.kind / evidence_model.kind ""  -> judge / evidence_model None
     world.size ""  -> world None           sft.steps 0 -> sft None (no warm start)
+    lora.rank 0 -> lora None (every parameter trained)
     sft.mistake ""  -> None                sft.questions 0 -> None (SFT and RL share the questions)
     algo.clip_eps_low / clip_eps_high 0.0, loss_norm_tokens / overlong_buffer / overlong_max_tokens 0  -> None
     distributed.coordinator "", num_processes 0, process_id -1  -> None (from the environment)
@@ -216,6 +217,36 @@ class AlgoConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA fine-tuning of the policy (models/lora.py): the base frozen, only the adapters trained."""
+
+    rank: int
+    alpha: float
+    dropout: float  # on the adapters' input, in the update's forward only
+    # transformers' projection names, comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj),
+    # or "all-linear": all seven (peft's name)
+    target_modules: str
+    rslora: bool = False  # scale alpha / sqrt(rank) instead of alpha / rank (peft's use_rslora)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        if self.target_modules.strip() == "all-linear":
+            return _LORA_TARGETS
+        return tuple(t.strip() for t in self.target_modules.split(",") if t.strip())
+
+    def __post_init__(self):
+        unknown = [t for t in self.targets if t not in _LORA_TARGETS]
+        if unknown or not self.targets:
+            raise ConfigError(
+                f"config.lora.target_modules={self.target_modules!r}: expected 'all-linear' or comma-separated "
+                f"names among {', '.join(_LORA_TARGETS)}"
+            )
+
+
+_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimConfig:
     lr: float
     warmup_ratio: float
@@ -299,6 +330,7 @@ class RunConfig:
     sft: SftConfig | None
     mesh: dict  # axis -> size (-1: the remaining devices)
     distributed: DistributedConfig
+    lora: LoraConfig | None = None  # None (lora.rank 0): every parameter trained
 
     @classmethod
     def from_dict(cls, cfg) -> RunConfig:
@@ -328,6 +360,7 @@ _ABSENT_SECTION = {
     "evidence_model": lambda d: not d.get("kind"),
     "world": lambda d: not d.get("size"),
     "sft": lambda d: not d.get("steps"),
+    "lora": lambda d: not d.get("rank"),
 }
 # "section.key" -> the config file values that mean "not set"
 _OPTIONAL = {
@@ -386,6 +419,9 @@ _CHECKS = {
     "algo.clip_eps_high": (lambda v: v > 0, "> 0"),
     "algo.loss_norm_tokens": (lambda v: v >= 1, ">= 1"),
     "algo.max_draws": (lambda v: v >= 1, ">= 1"),
+    "lora.rank": (lambda v: v >= 1, ">= 1"),
+    "lora.alpha": (lambda v: v > 0, "> 0"),
+    "lora.dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "algo.overlong_buffer": (lambda v: v >= 1, ">= 1"),
     "algo.overlong_max_tokens": (lambda v: v >= 1, ">= 1"),
     "rollout.cache_len": (lambda v: v >= 1, ">= 1"),

@@ -12,6 +12,9 @@ jaxsearch calls:
     cache  = init_cache(config, batch, max_len)
     logits, cache = extend(config, params, cache, tokens, token_mask)        # prefill / decode / append
 
+`params` is the pytree below, or `lora.with_adapters(base, adapters)`: every projection with an adapter then
+adds scale * (x A) B (`models/lora.py`; the config from `lora.lora_config`).
+
 Parameter layout (shapes; logical axes in brackets). q/k/v/o kernels keep heads as their own axis so
 they shard by head without reshapes; k and v, and gate and up, are fused into one matmul each, since
 on small models a decode step costs per op rather than per FLOP.
@@ -46,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsearch.models import lora
 from jaxsearch.models.attention import attend
 from jaxsearch.models.qwen2_config import PRESETS, Qwen2Config, preset  # noqa: F401 (qwen2.Qwen2Config, ...)
 from jaxsearch.models.spans import cache_spans, first_span
@@ -72,6 +76,30 @@ def _constrain(x, axes):
     if not rules or mesh.empty:
         return x
     return nn.with_logical_constraint(x, axes, rules=fit_rules(axes, x.shape, mesh.shape, rules))
+
+
+def _lora_delta(module: nn.Module, name: str, x):
+    """scale * (dropout(x) @ A) @ B of the adapter of projection `name` ([..., in] -> [..., out]) when the
+    params carry one (the "lora" collection, `lora.with_adapters`), else None. Dropout only where a "dropout"
+    rng is given (a training forward)."""
+    if not module.has_variable("lora", name):
+        return None
+    cfg = module.config
+    if not cfg.lora_scale:  # adapters that would add nothing and learn nothing
+        raise ValueError(
+            "params carry LoRA adapters but config.lora_scale is 0: use lora.lora_config(config, spec)"
+        )
+    adapter = module.get_variable("lora", name)
+    if cfg.lora_dropout and module.has_rng("dropout"):
+        keep = jax.random.bernoulli(module.make_rng("dropout"), 1.0 - cfg.lora_dropout, x.shape)
+        x = jnp.where(keep, x / (1.0 - cfg.lora_dropout), 0).astype(x.dtype)
+    dt = cfg.compute_dtype
+    return ((x @ adapter["a"].astype(dt)) @ adapter["b"].astype(dt)) * jnp.asarray(cfg.lora_scale, dt)
+
+
+def _plus(y, delta):
+    """y + delta reshaped like y (delta None: y)."""
+    return y if delta is None else y + delta.reshape(y.shape)
 
 
 class RMSNorm(nn.Module):
@@ -133,6 +161,8 @@ class Attention(nn.Module):
         if cfg.qkv_bias:  # Qwen2
             q, kv = q + bq.astype(dt), kv + bkv.astype(dt)
         k, v = kv[:, :, 0], kv[:, :, 1]
+        q = _plus(q, _lora_delta(self, "q_proj", x))
+        k, v = _plus(k, _lora_delta(self, "k_proj", x)), _plus(v, _lora_delta(self, "v_proj", x))
         if cfg.qk_norm:  # Qwen3: each head's q and k RMS-normalised over head_dim, before RoPE
             q, k = RMSNorm(cfg, name="q_norm")(q), RMSNorm(cfg, name="k_norm")(k)
         q = _constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
@@ -143,7 +173,8 @@ class Attention(nn.Module):
         # one [B*T, H*D] x [H*D, E] matmul: contracting (h, d) as two axes made XLA:CPU transpose the
         # weight on every decode step
         b, t = out.shape[:2]
-        return out.reshape(b, t, h * d) @ wo.astype(dt).reshape(h * d, e), new_kv
+        out = out.reshape(b, t, h * d)
+        return _plus(out @ wo.astype(dt).reshape(h * d, e), _lora_delta(self, "o_proj", out)), new_kv
 
 
 class MLP(nn.Module):
@@ -158,8 +189,11 @@ class MLP(nn.Module):
         w_down = _param(self, "down_kernel", (f, e), ("mlp", "embed"), init, cfg.weight_dtype)
         dt = cfg.compute_dtype
         gu = jnp.einsum("bte,ejf->btjf", x, w_gu.astype(dt))
-        hidden = _constrain(nn.silu(gu[:, :, 0]) * gu[:, :, 1], ("batch", "length", "mlp"))
-        return jnp.einsum("btf,fe->bte", hidden, w_down.astype(dt))
+        gate = _plus(gu[:, :, 0], _lora_delta(self, "gate_proj", x))
+        up = _plus(gu[:, :, 1], _lora_delta(self, "up_proj", x))
+        hidden = _constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
+        down = jnp.einsum("btf,fe->bte", hidden, w_down.astype(dt))
+        return _plus(down, _lora_delta(self, "down_proj", hidden))
 
 
 class DecoderLayer(nn.Module):
@@ -266,17 +300,19 @@ def positions_from_mask(attention_mask):
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
-def hidden_states(config: Qwen2Config, params: Params, input_ids, attention_mask):
-    """Final hidden states [B, T, E] of a full (cache-free) causal pass."""
+def hidden_states(config: Qwen2Config, params: Params, input_ids, attention_mask, dropout_rng=None):
+    """Final hidden states [B, T, E] of a full (cache-free) causal pass. `dropout_rng`: LoRA dropout on the
+    adapters' input (params with adapters and config.lora_dropout > 0), else unused."""
     attention_mask = attention_mask.astype(bool)
     t = input_ids.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))
     mask = causal[None] & attention_mask[:, None, :]
     positions = positions_from_mask(attention_mask)
     if config.scan_layers:
-        return _scanned_hidden_states(config, params, input_ids, positions, mask)
+        return _scanned_hidden_states(config, params, input_ids, positions, mask, dropout_rng)
     writes = [_no_cache] * config.num_hidden_layers
-    hidden, _ = Qwen2(config).apply({"params": params}, input_ids, positions, mask, writes)
+    rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
+    hidden, _ = Qwen2(config).apply(lora.variables(params), input_ids, positions, mask, writes, rngs=rngs)
     return hidden
 
 
@@ -285,25 +321,30 @@ def _no_cache(k, v):
     return k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), None
 
 
-def _scanned_hidden_states(config: Qwen2Config, params: Params, input_ids, positions, mask):
+def _scanned_hidden_states(config: Qwen2Config, params: Params, input_ids, positions, mask, dropout_rng=None):
     """`hidden_states` with the layers in a `lax.scan` over their stacked params [L, ...] (same math).
 
     Unrolled, XLA may keep every layer's all-gathered weights and whole gradients alive at once (measured on
     the TPU compiler: about four fp32 copies of a layer's weights per layer); inside a scan they are
     gathered, used and reduce-scattered per iteration."""
     model, layer = Qwen2(config), DecoderLayer(config)
-    x = model.apply({"params": params}, input_ids, method=Qwen2.embed)
+    x = model.apply(lora.variables(params), input_ids, method=Qwen2.embed)
     cos, sin = rope_tables(config, positions)
 
-    def body(h, layer_params):
-        return layer.apply({"params": layer_params}, h, cos, sin, mask, _no_cache)[0], None
+    def body(h, xs):
+        layer_vars, i = xs
+        rngs = {} if dropout_rng is None else {"dropout": jax.random.fold_in(dropout_rng, i)}
+        return layer.apply(layer_vars, h, cos, sin, mask, _no_cache, rngs=rngs)[0], None
 
     if config.remat:
         body = jax.checkpoint(body)
-    layers = [params[f"layers_{i}"] for i in range(config.num_hidden_layers)]
+    variables = lora.variables(params)  # {"params": ...[, "lora": ...]}, each stacked over the layers
+    layers = [
+        {c: tree[f"layers_{i}"] for c, tree in variables.items()} for i in range(config.num_hidden_layers)
+    ]
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
-    x, _ = jax.lax.scan(body, x, stacked)
-    return model.apply({"params": params}, x, method=Qwen2.final)
+    x, _ = jax.lax.scan(body, x, (stacked, jnp.arange(config.num_hidden_layers)))
+    return model.apply(lora.variables(params), x, method=Qwen2.final)
 
 
 def forward(config: Qwen2Config, params: Params, input_ids, attention_mask=None):
@@ -314,7 +355,7 @@ def forward(config: Qwen2Config, params: Params, input_ids, attention_mask=None)
     if attention_mask is None:
         attention_mask = jnp.ones_like(input_ids)
     hidden = hidden_states(config, params, input_ids, attention_mask)
-    return Qwen2(config).apply({"params": params}, hidden, method=Qwen2.logits)
+    return Qwen2(config).apply(lora.variables(params), hidden, method=Qwen2.logits)
 
 
 def token_logprobs(
@@ -325,6 +366,7 @@ def token_logprobs(
     targets,
     return_entropy: bool = False,
     temperature: float = 1.0,
+    dropout_rng=None,
 ):
     """log p(targets[b, t] | input_ids[b, :t+1]) as [B, T] fp32 (and the entropy [B, T] if asked), of the
     distribution the sampler draws from at `temperature` (logits / temperature; static).
@@ -332,7 +374,7 @@ def token_logprobs(
     The LM head and log-softmax run in sequence chunks of `config.logprob_chunk` under `lax.map`, so the
     largest temporary is [B, chunk, V], never a full [B, T, V] log-softmax.
     """
-    hidden = hidden_states(config, params, input_ids, attention_mask)
+    hidden = hidden_states(config, params, input_ids, attention_mask, dropout_rng)
     b, t, e = hidden.shape
     chunk = min(config.logprob_chunk, t)
     pad = (-t) % chunk
@@ -344,7 +386,7 @@ def token_logprobs(
 
     def one_chunk(args):
         h, y = args
-        logits = Qwen2(config).apply({"params": params}, h, method=Qwen2.logits)
+        logits = Qwen2(config).apply(lora.variables(params), h, method=Qwen2.logits)
         if temperature != 1.0:
             logits = logits / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)
@@ -441,7 +483,7 @@ def extend(
 
     model = Qwen2(config)
     hidden, new_kvs = model.apply(
-        {"params": params},
+        lora.variables(params),
         tokens,
         jnp.maximum(slot, 0),
         mask,
@@ -454,7 +496,7 @@ def extend(
         # the last valid entry of each row's chunk is where its offset is largest
         last_idx = jnp.argmax(jnp.where(token_mask, offset, -1), axis=1)
         hidden = jnp.take_along_axis(hidden, last_idx[:, None, None], axis=1)[:, 0]
-    return model.apply({"params": params}, hidden, method=Qwen2.logits), new_cache
+    return model.apply(lora.variables(params), hidden, method=Qwen2.logits), new_cache
 
 
 def extend_over_span(config: Qwen2Config, params: Params, cache: KVCache, tokens, token_mask=None):
@@ -510,7 +552,7 @@ def for_decoding(config: Qwen2Config, params: Params) -> tuple[Qwen2Config, Para
     copy made once per call: XLA:CPU's matmul with the [V, E] table as laid out re-packs the table at every
     step (~0.33 against ~0.24 ms of a ~1.9 ms decode step at bench/rollout.py's S; bench/RESULTS.md, issue
     17). Elsewhere the copy is a transpose that XLA folds into the matmul, so nothing changes."""
-    if not config.tie_word_embeddings:
+    if not config.tie_word_embeddings or lora.has_adapters(params):
         return config, params
     # the barrier keeps XLA from folding the transpose back into the matmul
     head = jax.lax.platform_dependent(

@@ -49,6 +49,10 @@ class Qwen2Config:
     #                            layer's gathered (fsdp) weights and gradients live for one iteration only
     family: str = "qwen2"  # qwen2 | qwen3 (FAMILIES): see the module docstring
     attention_impl: str = "auto"  # prefill / training attention: reference | xla | cudnn | auto (IMPLS)
+    # LoRA adapters passed with the params (`models/lora.py`): their scale and the dropout on their input in a
+    # training forward (`lora.lora_config` sets both); unused without adapters
+    lora_scale: float = 0.0
+    lora_dropout: float = 0.0
 
     def __post_init__(self):
         if self.family not in FAMILIES:

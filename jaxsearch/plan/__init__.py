@@ -21,6 +21,7 @@ from jaxsearch import parallel
 from jaxsearch.agent import sampler as sampler_lib
 from jaxsearch.agent import slots as slots_lib
 from jaxsearch.config import RunConfig
+from jaxsearch.models import lora as lora_lib
 from jaxsearch.models import qwen2
 from jaxsearch.agent.policy import model_config
 from jaxsearch.rl import algorithms
@@ -65,8 +66,10 @@ def mesh_size(shape: dict[str, int]) -> int:
 
 # TPU v5p slices by chip count (one JAX device per chip): the 3D torus shapes of Cloud TPU's v5p-{2N}.
 V5P_TOPOLOGIES = {
-    1: "1x1x1",
-    2: "1x2x1",
+    # fewer than a host's 4 chips: that many chips of a 2x2x1 (libtpu refuses smaller v5p topologies:
+    # "not divisible by the given (or default) chips_per_host_bounds 2x2x1")
+    1: "2x2x1",
+    2: "2x2x1",
     4: "2x2x1",
     8: "2x2x2",
     16: "2x2x4",
@@ -103,7 +106,7 @@ def plan_devices(n: int, backend: str = "cpu") -> list:
             raise RuntimeError(
                 f"--backend tpu needs libtpu to compile for TPU without one (pip install -e '.[tpu]'): {e}"
             ) from None
-        return list(topology.devices)
+        return list(topology.devices)[:n]
     raise ValueError(f"--backend {backend!r}: expected 'cpu' or 'tpu'")
 
 
@@ -129,6 +132,21 @@ def abstract_params(config: qwen2.Qwen2Config, mesh):
     """Params as ShapeDtypeStructs carrying `models.sharding.param_shardings` (nothing is allocated)."""
     shapes = jax.eval_shape(lambda: qwen2.init_params(config, jax.random.PRNGKey(0)))
     return jax.tree_util.tree_map(_with, shapes, param_shardings(config, mesh))
+
+
+def abstract_adapters(config: qwen2.Qwen2Config, spec, mesh):
+    """LoRA adapters as the trainer makes them (`algorithms.init_adapters`): fp32, replicated."""
+    shapes = jax.eval_shape(lambda: lora_lib.init_adapters(config, spec, jax.random.PRNGKey(0)))
+    return jax.tree_util.tree_map(lambda x: _with(x, NamedSharding(mesh, P())), shapes)
+
+
+def policy_state(config: qwen2.Qwen2Config, spec, params, optimizer):
+    """(abstract policy TrainState, frozen base or None, the loss's model config): the params' state, or with
+    LoRA `spec` the adapters' state beside the frozen base `params` (the reference too)."""
+    if spec is None:
+        return abstract_state(params, optimizer), None, config
+    adapters = abstract_adapters(config, spec, _mesh_of(params))
+    return abstract_state(adapters, optimizer), params, lora_lib.lora_config(config, spec)
 
 
 def abstract_critic(config: qwen2.Qwen2Config, params):
@@ -234,13 +252,17 @@ def _shardings(tree):
     return jax.tree_util.tree_map(lambda x: x.sharding, tree)
 
 
-def plan_train_step(loss_fn, agg_mode, micro_batches, optimizer, state, batch) -> tuple[dict, float]:
-    """The trainer's update (`train_step.jit_train_step`) compiled on the abstract state and batch."""
+def plan_train_step(
+    loss_fn, agg_mode, micro_batches, optimizer, state, batch, frozen=None
+) -> tuple[dict, float]:
+    """The trainer's update (`train_step.jit_train_step`) compiled on the abstract state and batch (and a LoRA
+    run's frozen base)."""
     mesh = _mesh_of(state.params)
+    f_shard = None if frozen is None else _shardings(frozen)
     jitted = ts.jit_train_step(
-        loss_fn, agg_mode, micro_batches, optimizer, mesh, _shardings(state), _shardings(batch)
+        loss_fn, agg_mode, micro_batches, optimizer, mesh, _shardings(state), _shardings(batch), f_shard
     )
-    return compile_fn(jitted, state, batch)
+    return compile_fn(jitted, state, batch, *(() if frozen is None else (frozen,)))
 
 
 def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) -> qwen2.KVCache:
@@ -256,11 +278,16 @@ def abstract_cache(config: qwen2.Qwen2Config, mesh, batch: int, cache_len: int) 
     )
 
 
-def abstract_decode_params(config: qwen2.Qwen2Config, params, layout: str):
-    """The sampler's params (`models.sharding.to_decode_layout`): `params` for "train", else a copy in the compute
-    dtype carrying the layout's shardings."""
+def abstract_decode_params(config: qwen2.Qwen2Config, params, layout: str, merged: bool = False):
+    """The sampler's params (`models.sharding.to_decode_layout`): `params` for "train", else a copy in the
+    compute dtype carrying the layout's shardings. `merged` (LoRA): always a copy, base + adapters, in the
+    compute dtype ("train": with the base's shardings)."""
     if layout == "train":
-        return params
+        if not merged:
+            return params
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, config.compute_dtype, sharding=x.sharding), params
+        )
     shardings = decode_param_shardings(config, _mesh_of(params), layout)
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, config.compute_dtype, sharding=s), params, shardings
@@ -312,30 +339,41 @@ def _state_arguments(state: ts.TrainState, batch: dict, weights: str) -> dict:
 
 
 def phase_breakdowns(
-    config, cfg, resident: dict, train: tuple, critic: tuple | None, rollout: tuple, backend
+    config, cfg, resident: dict, train: tuple, critic: tuple | None, rollout: tuple, backend, frozen=None
 ) -> dict:
     """`plan`'s phases term by term (`breakdown.step_breakdown`): the update (the train step; the reference
     and critic resident), PPO's critic update (the policy's state and the reference resident), and the rollout
     (the decode step; the train state resident). train, critic: (step memory, state, batch, params);
-    rollout: (decode step memory, decode params, cache)."""
+    rollout: (decode step memory, decode params, cache); frozen: a LoRA run's base (an argument of its update,
+    resident beside its rollout; the reference too)."""
     width, layout = cfg.rollout.cache_len, cfg.rollout.decode_layout
-    if config.weight_dtype == config.compute_dtype:
+    if frozen is not None:
+        weights = "LoRA adapters (fp32, trained)"
+    elif config.weight_dtype == config.compute_dtype:
         weights = f"policy weights ({config.param_dtype}; no separate master copy)"
     else:
         weights = f"policy weights ({config.param_dtype} master; {config.dtype} casts per use)"
     mem, state, batch, params = train
     policy_state = _state_arguments(state, {}, weights)
+    base = {}
+    if frozen is not None:
+        base = {f"frozen base weights ({config.param_dtype}; the reference policy too)": device_bytes(frozen)}
     reference = {"reference policy (its params)": resident["reference_params"]}
     beside = dict(reference, **{"critic state": resident["critic_state"]})
     facts = shape_facts(config, params, width)
-    out = {"train_step": step_breakdown(mem, _state_arguments(state, batch, weights), beside, facts, backend)}
+    arguments = dict(base, **_state_arguments(state, batch, weights))
+    out = {"train_step": step_breakdown(mem, arguments, beside, facts, backend)}
+    policy_state = dict(base, **policy_state)
     if critic:
         mem, c_state, c_batch, c_params = critic
         arguments = _state_arguments(c_state, c_batch, weights.replace("policy", "critic"))
         facts = shape_facts(config, c_params, width)
         out["critic_step"] = step_breakdown(mem, arguments, dict(policy_state, **reference), facts, backend)
     mem, decode_params, cache = rollout
-    if layout == "train":
+    if frozen is not None:
+        name = f"rollout copy: base + adapters merged ({config.dtype}, {layout} layout)"
+        arguments = {name: device_bytes(decode_params)}
+    elif layout == "train":
         arguments = {"policy weights (read in place: the train layout)": policy_state.pop(weights)}
     else:
         arguments = {
@@ -350,6 +388,21 @@ def phase_breakdowns(
     facts = shape_facts(config, decode_params, width, cache)
     out["rollout"] = step_breakdown(mem, arguments, dict(policy_state, **beside), facts, backend)
     return out
+
+
+def _model_summary(config: qwen2.Qwen2Config, spec, n_params: int, state) -> dict:
+    lora = None
+    if spec is not None:
+        lora = dict(rank=spec.rank, targets=list(spec.targets), trained=lora_lib.count(state.params))
+    return dict(
+        num_params=n_params,
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        remat=config.remat,
+        lora=lora,
+    )
 
 
 def plan(
@@ -367,20 +420,25 @@ def plan(
     params = abstract_params(config, mesh)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
     optimizers = algorithms.optimizers(cfg)  # the run's: warmup, schedule, clipping
-    state = abstract_state(params, optimizers["policy"])
+    spec = algorithms.lora_spec(cfg)
+    state, frozen, policy_config = policy_state(config, spec, params, optimizers["policy"])
     loss_cfg = algorithms.loss_config(cfg)
     batch = abstract_batch(mesh, mb, width, ppo)
     train, train_s = plan_train_step(
-        ts.policy_loss_fn(config, loss_cfg),
+        ts.policy_loss_fn(policy_config, loss_cfg),
         cfg.algo.agg_mode,
         cfg.algo.micro_batches,
         optimizers["policy"],
         state,
         batch,
+        frozen,
     )
 
     resident = {"policy_state": device_bytes(state), "policy_params": device_bytes(params)}
-    resident["reference_params"] = device_bytes(params) if (cfg.algo.kl_coef or cfg.algo.kl_in_reward) else 0
+    if frozen is not None:
+        resident["frozen_base"] = device_bytes(frozen)
+    kl = cfg.algo.kl_coef or cfg.algo.kl_in_reward
+    resident["reference_params"] = device_bytes(params) if kl and frozen is None else 0
     critic = None
     if ppo:
         c_params = abstract_critic(config, params)
@@ -398,10 +456,10 @@ def plan(
     roll_rows = cfg.rollout.micro_batch or rows
     cache = abstract_cache(config, mesh, roll_rows, width)
     layout = cfg.rollout.decode_layout
-    decode_params = abstract_decode_params(config, params, layout)
+    decode_params = abstract_decode_params(config, params, layout, merged=frozen is not None)
     decode, decode_s = plan_decode_step(config, decode_params, cache, cfg)
     kv = device_bytes(cache)
-    resident["decode_params"] = 0 if layout == "train" else device_bytes(decode_params)
+    resident["decode_params"] = 0 if layout == "train" and frozen is None else device_bytes(decode_params)
 
     # phases: the update (policy state in the step, the reference / critic resident beside it) and the
     # rollout (the whole train state stays resident; the decode step reads the params, or their decode
@@ -414,6 +472,7 @@ def plan(
         critic and (critic["memory"], c_state, c_batch, c_params),
         (decode, decode_params, cache),
         backend,
+        frozen,
     )
     phases = {name: b["total"] for name, b in breakdown.items()}
     for step in (train, decode) + ((critic["memory"],) if critic else ()):
@@ -426,14 +485,7 @@ def plan(
         mesh=dict(mesh.shape),
         devices=mesh.size,
         backend=backend,
-        model=dict(
-            num_params=n_params,
-            layers=config.num_hidden_layers,
-            hidden=config.hidden_size,
-            dtype=config.dtype,
-            param_dtype=config.param_dtype,
-            remat=config.remat,
-        ),
+        model=_model_summary(config, spec, n_params, state),
         algo=dict(advantage=cfg.algo.advantage, mini_batch_rows=mb, micro_batches=cfg.algo.micro_batches),
         seq_len=width,
         rollout_rows=roll_rows,
@@ -465,7 +517,13 @@ def format_report(r: dict) -> str:
 
     lines = [
         f"mesh {r['mesh']} ({r['devices']} {r['backend']} devices); model {r['model']['num_params'] / 1e9:.2f}B params, "
-        f"{r['model']['param_dtype']} params / {r['model']['dtype']} compute, remat={r['model']['remat']}",
+        f"{r['model']['param_dtype']} params / {r['model']['dtype']} compute, remat={r['model']['remat']}"
+        + (
+            f"; LoRA rank {r['model']['lora']['rank']} on {','.join(r['model']['lora']['targets'])}: "
+            f"{r['model']['lora']['trained'] / 1e6:.1f}M trained, the base frozen"
+            if r["model"].get("lora")
+            else ""
+        ),
         f"algo {r['algo']['advantage']}: mini-batch {r['algo']['mini_batch_rows']} rows x {r['seq_len']} tokens, "
         f"{r['algo']['micro_batches']} micro-batches; rollout {r['rollout_rows']} rows, "
         f"{r['scheduler']} scheduler, decode layout {r['decode_layout']}",

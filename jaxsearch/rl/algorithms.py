@@ -16,6 +16,10 @@ DAPO, Dr.GRPO and GSPO are GRPO with other settings (configs/tiny_cpu_{dapo,drgr
 (`algo.clip_eps_low/high`), the aggregation (`algo.agg_mode`, with Dr.GRPO's constant `max_policy_tokens`),
 the estimator (`dr_grpo`), the loss (`gspo`), DAPO's overlong shaping of the scores (`overlong_shaping`) and
 its dynamic sampling, which the trainer runs (rl/dynamic_sampling.py).
+
+With a `lora` section (GRPO family only) the trained state is the adapters (and their optimizer moments): the
+base stays frozen here, once, and serves as the reference policy (adapters off: no second copy); the sampler
+reads base + adapters merged once per step (`decode_params`).
 """
 
 from __future__ import annotations
@@ -28,10 +32,27 @@ import numpy as np
 
 from jaxsearch.agent.trajectories import Trajectories, pad_to, padded_width
 from jaxsearch.config import RunConfig
-from jaxsearch.models.sharding import to_decode_layout
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxsearch.models import lora as lora_lib
+from jaxsearch.models.sharding import decode_param_shardings, to_decode_layout
 from jaxsearch.rl import advantages as adv_lib
 from jaxsearch.rl import train_step as ts
 from jaxsearch.scoring import rewards as rewards_lib
+
+
+def lora_spec(cfg) -> lora_lib.LoraSpec | None:
+    """The adapters of a config's `lora` section (None: every parameter trained)."""
+    c = cfg.lora
+    if c is None:
+        return None
+    return lora_lib.LoraSpec(rank=c.rank, alpha=c.alpha, dropout=c.dropout, targets=c.targets, rslora=c.rslora)
+
+
+def init_adapters(model_config, spec: lora_lib.LoraSpec, seed: int, mesh):
+    """Fresh fp32 adapters, replicated over the mesh (small: rank x (in + out) per projection)."""
+    init = functools.partial(lora_lib.init_adapters, model_config, spec)
+    return jax.jit(init, out_shardings=NamedSharding(mesh, P()))(jax.random.PRNGKey(seed))
 
 
 def max_policy_tokens(cfg) -> int:
@@ -179,10 +200,18 @@ class GRPO:
     ppo = False
 
     def __init__(self, cfg, model_config, mesh):
+        self.lora = lora_spec(cfg)
+        if self.lora is not None:
+            if self.ppo:
+                raise ValueError(
+                    "config.lora: LoRA trains GRPO-family runs; PPO's critic would be a full copy"
+                )
+            model_config = lora_lib.lora_config(model_config, self.lora)
         self.cfg, self.model_config, self.mesh = cfg, model_config, mesh
         self.optimizers = optimizers(cfg)
         self.rows = mini_batch_rows(cfg)
         self.ref_params = None
+        self.base = None  # LoRA: the frozen base (also the reference)
         self.loss_config = loss_config(cfg)
         buffer, longest = cfg.algo.overlong_buffer, overlong_max_tokens(cfg)
         if buffer is not None and buffer >= longest:
@@ -199,13 +228,25 @@ class GRPO:
 
     def init_state(self, params) -> dict:
         """The trained state from the initial policy; keeps a frozen reference copy when a KL term needs it
-        (the policy's buffers are donated to the update)."""
+        (the policy's buffers are donated to the update). LoRA: `params` become the frozen base (the reference
+        too) and the state holds fresh adapters (seeded by config.seed)."""
         a = self.cfg.algo
-        if a.kl_coef or a.kl_in_reward:
+        if self.lora is not None:
+            self.base = params
+            if a.kl_coef or a.kl_in_reward:
+                self.ref_params = params  # the same buffers: the base is never donated
+            params = init_adapters(self.model_config, self.lora, self.cfg.seed + 2, self.mesh)
+        elif a.kl_coef or a.kl_in_reward:
             self.ref_params = jax.tree_util.tree_map(jnp.copy, params)
         state = {"policy": ts.init_state(params, self.optimizers["policy"], self.mesh)}
         self._build(state)
         return state
+
+    def policy_params(self, state):
+        """The policy as the model functions take it: the params, or (LoRA) the base with the adapters."""
+        if self.base is None:
+            return state["policy"].params
+        return lora_lib.with_adapters(self.base, state["policy"].params)
 
     def _build(self, state) -> None:
         """The jitted update and log-prob functions, their shardings fixed by `state` and an example batch."""
@@ -219,15 +260,43 @@ class GRPO:
             self.mesh,
             state["policy"],
             example,
+            frozen=self.base,
         )
+        temperature = self.cfg.rollout.temperature
         self.logprobs = ts.make_logprob_fn(
-            self.model_config, self.mesh, state["policy"].params, example, self.cfg.rollout.temperature
+            self.model_config, self.mesh, self.policy_params(state), example, temperature
         )
+        self.ref_logprobs = self.logprobs
+        if self.base is not None:  # the reference is the base alone: another pytree, another function
+            self.ref_logprobs = ts.make_logprob_fn(self.model_config, self.mesh, self.base, example, temperature)
+            self._merge = self._merge_fn()
+
+    def _merge_fn(self):
+        """LoRA: jitted (base, adapters) -> merged params in the compute dtype, laid out as the sampler reads
+        them (`rollout.decode_layout`; "train": the base's shardings)."""
+        layout, config = self.cfg.rollout.decode_layout, self.model_config
+        if layout == "train":
+            shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.base)
+        else:
+            shardings = decode_param_shardings(config, self.mesh, layout)
+        merge = functools.partial(lora_lib.merge, config, self.lora, dtype=config.compute_dtype)
+        return jax.jit(merge, out_shardings=shardings)
 
     def decode_params(self, state):
-        """The policy as the sampler reads it (`rollout.decode_layout`): a copy made now, or the params."""
+        """The policy as the sampler reads it (`rollout.decode_layout`): a copy made now, or the params; LoRA:
+        base + adapters merged now, in the compute dtype."""
+        if self.base is not None:
+            return self._merge(self.base, state["policy"].params)
         layout = self.cfg.rollout.decode_layout
         return to_decode_layout(self.model_config, state["policy"].params, self.mesh, layout)
+
+    def final_params(self, state):
+        """The trained policy as plain params (LoRA: merged into the base, in its dtype)."""
+        if self.base is None:
+            return state["policy"].params
+        return jax.jit(functools.partial(lora_lib.merge, self.model_config, self.lora))(
+            self.base, state["policy"].params
+        )
 
     def step(self, state, traj: Trajectories, scores: np.ndarray, timer) -> tuple[dict, dict]:
         """One RL update from a rollout and its [B] scores: DAPO's overlong shaping where configured, the update
@@ -251,12 +320,12 @@ class GRPO:
         width = update_width(traj.attention_mask, self.cfg.rollout.cache_len, self.cfg.algo.pad_multiple)
         tokens, attn, lmask = (pad_to(x, width) for x in (traj.tokens, traj.attention_mask, traj.loss_mask))
         with timer("old_logprobs"):
-            old = self._per_mini_batch(self.logprobs, state["policy"].params, tokens, attn)
+            old = self._per_mini_batch(self.logprobs, self.policy_params(state), tokens, attn)
         with timer("ref_logprobs"):
             ref = (
                 old
                 if self.ref_params is None
-                else self._per_mini_batch(self.logprobs, self.ref_params, tokens, attn)
+                else self._per_mini_batch(self.ref_logprobs, self.ref_params, tokens, attn)
             )
         extra = self._advantages(state, scores, tokens, attn, lmask, old, ref, timer)
         full = dict(

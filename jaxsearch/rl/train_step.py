@@ -12,6 +12,10 @@ The loss is the clipped surrogate over loss-mask tokens + kl_coef * KL(policy ||
 loss - entropy_coef * entropy. Gradient accumulation runs the micro-batches in a `lax.scan` and
 weights each by its share of the full batch's normaliser, so it equals the full-batch gradient.
 A non-finite loss or gradient skips the update (params and optimizer state unchanged) and counts it.
+
+LoRA (`models/lora.py`): the state's params are the adapters and `frozen` the base, an argument of the update
+that is neither trained nor donated; the loss sees `lora.with_adapters(frozen, adapters)` and a dropout key
+derived from the update count (so a resumed run draws the same masks).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsearch import multihost, parallel
-from jaxsearch.models import qwen2
+from jaxsearch.models import lora, qwen2
 from jaxsearch.rl import losses
 
 
@@ -115,7 +119,13 @@ def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainSt
 
 
 def sequence_logprobs(
-    config: qwen2.Qwen2Config, params, tokens, attention_mask, return_entropy=False, temperature=1.0
+    config: qwen2.Qwen2Config,
+    params,
+    tokens,
+    attention_mask,
+    return_entropy=False,
+    temperature=1.0,
+    dropout_rng=None,
 ):
     """log p(tokens[b, t] | tokens[b, :t]) as [B, T] (0 at t = 0), and the entropy there if asked, under the
     rollout's sampling `temperature` (as veRL's actor: the policy trained is the one that sampled)."""
@@ -127,6 +137,7 @@ def sequence_logprobs(
         tokens[:, 1:],
         return_entropy=return_entropy,
         temperature=temperature,
+        dropout_rng=dropout_rng,
     )
     pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
     return tuple(pad(x) for x in out) if return_entropy else pad(out)
@@ -139,11 +150,18 @@ def _normaliser(loss_mask, agg_mode):
     return jnp.sum(jnp.any(loss_mask > 0, axis=-1))
 
 
-def policy_loss(config: qwen2.Qwen2Config, loss_cfg: LossConfig, params, batch):
-    """(scalar loss, stats) for one (micro-)batch, both normalised within it."""
+def policy_loss(config: qwen2.Qwen2Config, loss_cfg: LossConfig, params, batch, rng=None):
+    """(scalar loss, stats) for one (micro-)batch, both normalised within it. `rng`: LoRA dropout's key
+    (used when `config.lora_dropout` > 0)."""
     mask = batch["loss_mask"].astype(jnp.float32)
     logp, entropy = sequence_logprobs(
-        config, params, batch["tokens"], batch["attention_mask"], True, loss_cfg.temperature
+        config,
+        params,
+        batch["tokens"],
+        batch["attention_mask"],
+        True,
+        loss_cfg.temperature,
+        dropout_rng=rng if config.lora_dropout else None,
     )
     pg_loss, stats = losses.get_policy_loss(loss_cfg.policy_loss)(
         logp,
@@ -208,24 +226,39 @@ def policy_loss_fn(config: qwen2.Qwen2Config, loss_cfg: LossConfig):
 
 
 def train_step(
-    loss_fn, agg_mode: str, micro_batches: int, optimizer, state: TrainState, batch, *, param_shardings=None
+    loss_fn,
+    agg_mode: str,
+    micro_batches: int,
+    optimizer,
+    state: TrainState,
+    batch,
+    frozen=None,
+    *,
+    param_shardings=None,
 ):
     """One update of `state.params` by `loss_fn(params, batch) -> (loss, stats)`, accumulated over
     `micro_batches` (each weighted by its share of the `agg_mode` normaliser). `param_shardings`: each
     micro-batch's gradients are constrained to them, so they are reduce-scattered and accumulated sharded
-    like the params instead of whole on every device."""
+    like the params instead of whole on every device. `frozen`: a LoRA base, `state.params` its adapters: the
+    loss is `loss_fn(lora.with_adapters(frozen, adapters), batch, dropout_key)`."""
     m = micro_batches
     total = jnp.maximum(_normaliser(batch["loss_mask"], agg_mode), 1)
+    dropout_key = jax.random.fold_in(jax.random.key(0), state.step)
+
+    def loss_of(p, b, j):
+        if frozen is None:
+            return loss_fn(p, b)
+        return loss_fn(lora.with_adapters(frozen, p), b, jax.random.fold_in(dropout_key, j))
 
     def like_params(grads):
         if param_shardings is None:
             return grads
         return jax.lax.with_sharding_constraint(grads, param_shardings)
 
-    def micro(b):
+    def micro(b, j=0):
         weight = _normaliser(b["loss_mask"], agg_mode) / total
         (loss, stats), grads = jax.value_and_grad(
-            lambda p: jax.tree_util.tree_map(lambda x: x * weight, loss_fn(p, b)), has_aux=True
+            lambda p: jax.tree_util.tree_map(lambda x: x * weight, loss_of(p, b, j)), has_aux=True
         )(state.params)
         return loss, stats, like_params(grads)
 
@@ -238,8 +271,8 @@ def train_step(
             lambda x: x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1), batch
         )
 
-        def body(acc, b):
-            loss, stats, grads = jax.tree_util.tree_map(jnp.add, acc, micro(b))
+        def body(acc, xs):
+            loss, stats, grads = jax.tree_util.tree_map(jnp.add, acc, micro(*xs))
             return (loss, stats, like_params(grads)), None
 
         # the accumulator starts (and stays) sharded like the params: left to propagation, a zeros carry
@@ -248,7 +281,7 @@ def train_step(
             jnp.zeros_like, jax.eval_shape(micro, jax.tree_util.tree_map(lambda x: x[0], split))
         )
         zeros = (loss0, stats0, like_params(grads0))
-        (loss, stats, grads), _ = jax.lax.scan(body, zeros, split)
+        (loss, stats, grads), _ = jax.lax.scan(body, zeros, (split, jnp.arange(m)))
 
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -274,39 +307,59 @@ def batch_shardings(mesh, batch: dict):
 
 
 def jit_train_step(
-    loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state_shardings, batch_shardings
+    loss_fn,
+    agg_mode: str,
+    micro_batches: int,
+    optimizer,
+    mesh,
+    state_shardings,
+    batch_shardings,
+    frozen_shardings=None,
 ):
     """`train_step` jitted with the state's shardings in and out, the batch over the data axes, the state
-    donated, under the mesh's activation sharding: what `make_train_step` runs and `launch/plan.py` lowers."""
+    donated, under the mesh's activation sharding: what `make_train_step` runs and `launch/plan.py` lowers.
+    With `frozen_shardings` (LoRA) it takes a third argument, the frozen base, not donated."""
     step = functools.partial(
         train_step, loss_fn, agg_mode, micro_batches, optimizer, param_shardings=state_shardings.params
     )
+    in_shardings = (state_shardings, batch_shardings)
+    if frozen_shardings is not None:
+        in_shardings += (frozen_shardings,)
     return jax.jit(
         parallel.with_activation_sharding(step, mesh),
-        in_shardings=(state_shardings, batch_shardings),
+        in_shardings=in_shardings,
         out_shardings=(state_shardings, None),
         donate_argnums=(0,),
     )
 
 
 def make_train_step(
-    loss_fn, agg_mode: str, micro_batches: int, optimizer, mesh, state: TrainState, batch_example: dict
+    loss_fn,
+    agg_mode: str,
+    micro_batches: int,
+    optimizer,
+    mesh,
+    state: TrainState,
+    batch_example: dict,
+    frozen=None,
 ):
     """`jit_train_step` for host batches: `update(state, batch) -> (state, metrics)`. `state` and
     `batch_example` give the shardings; later batches may have any number of columns (one compile per width)
-    but the example's rows.
+    but the example's rows. `frozen`: a LoRA base (on its devices) that every update reads.
 
     Policy: `make_train_step(policy_loss_fn(config, loss_cfg), loss_cfg.agg_mode, loss_cfg.micro_batches, ...)`;
     critic: `functools.partial(critic_loss, config, clip_eps, agg_mode)` as the loss."""
     b_shard = batch_shardings(mesh, batch_example)
+    f_shard = None if frozen is None else jax.tree_util.tree_map(lambda x: x.sharding, frozen)
     jitted = jit_train_step(
-        loss_fn, agg_mode, micro_batches, optimizer, mesh, state_shardings(state), b_shard
+        loss_fn, agg_mode, micro_batches, optimizer, mesh, state_shardings(state), b_shard, f_shard
     )
 
     def update(state: TrainState, batch: dict):
         # a host batch (the same on every process) becomes global arrays: jit cannot place numpy inputs on
         # the devices of other processes
-        return jitted(state, multihost.tree_to_global(batch, b_shard))
+        batch = multihost.tree_to_global(batch, b_shard)
+        return jitted(state, batch) if frozen is None else jitted(state, batch, frozen)
 
     return update
 

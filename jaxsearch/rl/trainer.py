@@ -6,7 +6,8 @@
 Everything a step needs to be reproduced is derived from (config.seed, step) or restored from the last
 checkpoint (params, optimizer state, step, data-iterator position), so a rerun after a crash continues
 exactly where the last checkpoint left off. SIGTERM saves a checkpoint and exits (preemption). A run that
-reaches `total_steps` also writes the final policy to `workdir/params` (`orbax_io.save_params`).
+reaches `total_steps` also writes the final policy to `workdir/params` (`orbax_io.save_params`; LoRA: merged
+into the base) and, with LoRA, its adapters in peft's format to `workdir/adapter` (`models/peft_io.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax
 from tqdm import tqdm
 
 from jaxsearch import checkpoint, parallel
-from jaxsearch.models import orbax_io
+from jaxsearch.models import orbax_io, peft_io
 from jaxsearch.agent.build import build_engine, for_evaluation
 from jaxsearch.config import RunConfig
 from jaxsearch.data import qa
@@ -165,5 +166,8 @@ def _train(cfg, workdir: str, progress: bool) -> dict:
     ckpt.wait()
     ckpt.close()
     if not stop:  # the final policy as a params dir: what launch/eval.py and convert_checkpoint.py read
-        orbax_io.save_params(os.path.join(workdir, "params"), config, state["policy"].params)
+        orbax_io.save_params(os.path.join(workdir, "params"), config, algo.final_params(state))
+        if algo.lora is not None:
+            adapter_dir = os.path.join(workdir, "adapter")
+            peft_io.save_peft(adapter_dir, config, algo.lora, state["policy"].params, cfg.model.hf_path)
     return last
