@@ -22,12 +22,17 @@ from tiny_models import tiny_qwen2_config
 
 CONFIG = tiny_qwen2_config(vocab_size=64, num_hidden_layers=2, tie_word_embeddings=False)
 QWEN3 = tiny_qwen2_config(vocab_size=64, num_hidden_layers=2, family="qwen3", head_dim=12, tie_word_embeddings=True)
+# the model functions jitted (config static): eager, a tiny model's calls cost seconds of per-op dispatch
 FORWARD = jax.jit(qwen2.forward, static_argnums=0)
+INIT = jax.jit(qwen2.init_params, static_argnums=0)
+MERGE = jax.jit(lora.merge, static_argnums=(0, 1))
+LOGPROBS = jax.jit(qwen2.token_logprobs, static_argnums=0)
+INIT_ADAPTERS = jax.jit(lora.init_adapters, static_argnums=(0, 1))
 
 
 def _adapters(config, spec, seed=1):
     """Adapters with B != 0 (fresh ones start with B = 0: the base itself)."""
-    fresh = lora.init_adapters(config, spec, jax.random.PRNGKey(seed))
+    fresh = INIT_ADAPTERS(config, spec, jax.random.PRNGKey(seed))
     leaves, tree = jax.tree_util.tree_flatten(fresh)
     keys = jax.random.split(jax.random.PRNGKey(seed + 100), len(leaves))
     return tree.unflatten([x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
@@ -64,20 +69,21 @@ MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9], np.int32)  # a left-padd
 )
 def test_adapted_forward_equals_a_numpy_merge_of_the_weights(config, targets, rslora):
     spec = lora.LoraSpec(rank=4, alpha=8.0, targets=targets, rslora=rslora)
-    base = qwen2.init_params(config, jax.random.PRNGKey(0))
+    base = INIT(config, jax.random.PRNGKey(0))
     adapters = _adapters(config, spec)
     expected = FORWARD(config, _numpy_merge(config, spec, base, adapters), BATCH, MASK)
     lc = lora.lora_config(config, spec)
     for c in (lc, lc.replace(scan_layers=True)):  # the layers unrolled and in a scan
         got = FORWARD(c, lora.with_adapters(base, adapters), BATCH, MASK)
         np.testing.assert_allclose(got, expected, atol=2e-5)
-    merged = lora.merge(config, spec, base, adapters)
+    merged = MERGE(config, spec, base, adapters)
     np.testing.assert_allclose(FORWARD(config, merged, BATCH, MASK), expected, atol=2e-5)
     # fresh adapters (B = 0) are the base, exactly
-    fresh = lora.with_adapters(base, lora.init_adapters(config, spec, jax.random.PRNGKey(3)))
+    fresh = lora.with_adapters(base, INIT_ADAPTERS(config, spec, jax.random.PRNGKey(3)))
     np.testing.assert_array_equal(FORWARD(lc, fresh, BATCH, MASK), FORWARD(config, base, BATCH, MASK))
     # the cached path (prefill, then one decode step) reads the adapters too
-    logits, cache = qwen2.prefill(lc, lora.with_adapters(base, adapters), BATCH, MASK, 16)
+    prefill = jax.jit(qwen2.prefill, static_argnums=(0, 4))
+    logits, _ = prefill(lc, lora.with_adapters(base, adapters), BATCH, MASK, 16)
     np.testing.assert_allclose(logits, expected[:, -1], atol=2e-5)
 
 
@@ -102,15 +108,15 @@ def test_fresh_adapters_follow_peft_init():
 
 def test_dropout_applies_to_the_adapters_input_only_in_a_training_forward():
     spec = lora.LoraSpec(rank=4, alpha=8.0, dropout=0.5)
-    base = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    base = INIT(CONFIG, jax.random.PRNGKey(0))
     params = lora.with_adapters(base, _adapters(CONFIG, spec))
     lc = lora.lora_config(CONFIG, spec)
     logp = jax.jit(
         lambda p, rng: qwen2.token_logprobs(lc, p, BATCH, MASK, BATCH, dropout_rng=rng), static_argnums=()
     )
-    plain = jax.jit(lambda p: qwen2.token_logprobs(lc, p, BATCH, MASK, BATCH))(params)
-    merged = lora.merge(CONFIG, spec, base, params["lora"])
-    np.testing.assert_allclose(plain, qwen2.token_logprobs(CONFIG, merged, BATCH, MASK, BATCH), atol=2e-5)
+    plain = LOGPROBS(lc, params, BATCH, MASK, BATCH)
+    merged = MERGE(CONFIG, spec, base, params["lora"])
+    np.testing.assert_allclose(plain, LOGPROBS(CONFIG, merged, BATCH, MASK, BATCH), atol=2e-5)
     one, again, other = (logp(params, jax.random.PRNGKey(k)) for k in (1, 1, 2))
     np.testing.assert_array_equal(one, again)
     assert np.abs(one - plain).max() > 1e-3 and np.abs(one - other).max() > 1e-3
@@ -120,7 +126,7 @@ def test_dropout_applies_to_the_adapters_input_only_in_a_training_forward():
     )
     np.testing.assert_allclose(
         logp(lora.with_adapters(base, zero_b), jax.random.PRNGKey(1)),
-        qwen2.token_logprobs(CONFIG, base, BATCH, MASK, BATCH),
+        LOGPROBS(CONFIG, base, BATCH, MASK, BATCH),
         atol=1e-6,
     )
 
@@ -144,13 +150,13 @@ def test_update_moves_only_the_adapters_by_the_gradient_through_the_merge(micro_
     the loss of `merge(base, adapters)` (another path to the same function); the base is untouched."""
     spec = lora.LoraSpec(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "gate_proj", "down_proj"))
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    base = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    base = INIT(CONFIG, jax.random.PRNGKey(0))
     adapters = _adapters(CONFIG, spec)
     loss_cfg = ts.LossConfig(kl_coef=0.01, micro_batches=micro_batches)
     batch = _batch()
     jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
-    grads = jax.grad(
-        lambda ad: ts.policy_loss(CONFIG, loss_cfg, lora.merge(CONFIG, spec, base, ad), jbatch)[0]
+    grads = jax.jit(
+        jax.grad(lambda ad: ts.policy_loss(CONFIG, loss_cfg, lora.merge(CONFIG, spec, base, ad), jbatch)[0])
     )(adapters)
     base_copy = jax.tree_util.tree_map(np.array, base)
     state = ts.init_state(jax.tree_util.tree_map(jnp.copy, adapters), optax.sgd(1.0), mesh)  # donated
@@ -192,7 +198,7 @@ def test_grpo_with_lora_trains_adapters_over_a_frozen_base_that_is_the_reference
     from jaxsearch.models.sharding import param_shardings
 
     mesh = parallel.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    base = jax.device_put(qwen2.init_params(CONFIG, jax.random.PRNGKey(0)), param_shardings(CONFIG, mesh))
+    base = jax.device_put(INIT(CONFIG, jax.random.PRNGKey(0)), param_shardings(CONFIG, mesh))
     before = jax.tree_util.tree_map(np.array, base)
     cfg = _cfg(rank=4, alpha=8.0, target_modules="q_proj,v_proj,up_proj")
     algo = make_algorithm(cfg, CONFIG, mesh)
