@@ -13,37 +13,18 @@ time (once per RL step). One JSON line per size and part.
 
 import argparse
 import json
-import tempfile
 import time
 
 import jax
 import numpy as np
 import torch
 
-from common import SIZES, hf_model, median_time
+from common import SIZES, median_time
 from rollout import NEW, PROMPT, greedy_sampler
-from train_step import BATCH, BETA, CLIP, EPS, LR, SEQ, PROMPT as STEP_PROMPT, torch_step_fn
+from train_step import BATCH, SEQ, torch_step, update_fn, workload
 
 from jaxsearch import parallel
-from jaxsearch.models import hf_io, lora
-from jaxsearch.rl import train_step as ts
-
-
-def update_fn(config, params, batch, mesh, frozen=None, lr=LR):
-    """A timed call of the trainer's jitted update: full-parameter over `params`, or over adapters `params`
-    with the base `frozen`."""
-    loss_cfg = ts.LossConfig(clip_eps=EPS, kl_coef=BETA, kl_kind="low_var_kl")
-    optimizer = ts.make_optimizer(lr, total_steps=100, weight_decay=0.01, grad_clip=CLIP)
-    state = {"s": ts.init_state(params, optimizer, mesh)}
-    update = ts.make_train_step(
-        ts.policy_loss_fn(config, loss_cfg), "token-mean", 1, optimizer, mesh, state["s"], batch, frozen=frozen
-    )
-
-    def call():
-        state["s"], m = update(state["s"], batch)
-        jax.block_until_ready(m["loss"])
-
-    return call
+from jaxsearch.models import lora
 
 
 def main():
@@ -59,18 +40,7 @@ def main():
     mesh = parallel.make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
     spec = lora.LoraSpec(rank=args.rank, alpha=2.0 * args.rank)
     for size in args.size:
-        model = hf_model(size)
-        with tempfile.TemporaryDirectory() as d:
-            model.save_pretrained(d)
-            config, params = hf_io.load_hf(d)
-        tokens = rng.integers(1, config.vocab_size, (BATCH, SEQ)).astype(np.int32)
-        adv = rng.standard_normal(BATCH).astype(np.float32)
-        mask = np.zeros((BATCH, SEQ), np.int32)
-        mask[:, STEP_PROMPT:] = 1
-        attn = np.ones((BATCH, SEQ), np.int32)
-        ref_lp = np.asarray(ts.sequence_logprobs(config, params, tokens, attn))
-        batch = dict(tokens=tokens, attention_mask=attn, loss_mask=mask, advantages=adv, old_logprobs=ref_lp,
-                     ref_logprobs=ref_lp)  # fmt: skip
+        model, config, params, batch = workload(size, rng)
 
         # jaxsearch: LoRA over the frozen base, then the full-parameter update (its state is donated: a copy)
         adapters = lora.init_adapters(config, spec, jax.random.PRNGKey(0))
@@ -87,14 +57,7 @@ def main():
             peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0),
         )
         peft_model.train()
-        step = torch_step_fn(
-            peft_model,
-            torch.from_numpy(ref_lp[:, 1:]),
-            torch.from_numpy(tokens.astype(np.int64)),
-            torch.from_numpy(adv)[:, None],
-            torch.from_numpy(mask[:, 1:].astype(np.float32)),
-        )
-        t_peft = median_time(step, args.reps)
+        t_peft = median_time(torch_step(peft_model, batch), args.reps)
         n = BATCH * SEQ
         print(json.dumps({
             "bench": "lora_grpo_step", "size": size, "rank": spec.rank, "trained_M": round(lora.count(adapters) / 1e6, 3),

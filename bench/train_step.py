@@ -54,6 +54,59 @@ def matmul_peaks(n: int = 2048) -> dict:
     return {"jax": 2 * n**3 / t_jax / 1e9, "torch": 2 * n**3 / t_torch / 1e9}
 
 
+def workload(size: str, rng: np.random.Generator):
+    """(transformers' model of `size`, our config and params of the same weights, one update batch): BATCH x SEQ
+    random ids, PROMPT prompt tokens outside the loss, per-sequence advantages, the reference log-probs (also
+    the old ones) of the initial policy."""
+    model = hf_model(size)
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        config, params = hf_io.load_hf(d)
+    tokens = rng.integers(1, config.vocab_size, (BATCH, SEQ)).astype(np.int32)
+    adv = rng.standard_normal(BATCH).astype(np.float32)
+    mask = np.zeros((BATCH, SEQ), np.int32)
+    mask[:, PROMPT:] = 1
+    attn = np.ones((BATCH, SEQ), np.int32)
+    ref_lp = np.asarray(ts.sequence_logprobs(config, params, tokens, attn))
+    batch = dict(
+        tokens=tokens,
+        attention_mask=attn,
+        loss_mask=mask,
+        advantages=adv,
+        old_logprobs=ref_lp,
+        ref_logprobs=ref_lp,
+    )
+    return model, config, params, batch
+
+
+def update_fn(config, params, batch: dict, mesh, frozen=None):
+    """One timed call of the trainer's jitted update on `batch`: of `params`, or (LoRA) of adapters `params`
+    over the base `frozen`. The state is donated to it."""
+    loss_cfg = ts.LossConfig(clip_eps=EPS, kl_coef=BETA, kl_kind="low_var_kl")
+    optimizer = ts.make_optimizer(LR, total_steps=100, weight_decay=0.01, grad_clip=CLIP)
+    state = {"s": ts.init_state(params, optimizer, mesh)}
+    update = ts.make_train_step(
+        ts.policy_loss_fn(config, loss_cfg), "token-mean", 1, optimizer, mesh, state["s"], batch, frozen=frozen
+    )
+
+    def call():
+        state["s"], m = update(state["s"], batch)
+        jax.block_until_ready(m["loss"])
+
+    return call
+
+
+def torch_step(model, batch: dict):
+    """`torch_step_fn` of `model` on our update batch (the same numbers)."""
+    return torch_step_fn(
+        model,
+        torch.from_numpy(batch["ref_logprobs"][:, 1:]),
+        torch.from_numpy(batch["tokens"].astype(np.int64)),
+        torch.from_numpy(batch["advantages"])[:, None],
+        torch.from_numpy(batch["loss_mask"][:, 1:].astype(np.float32)),
+    )
+
+
 def torch_step_fn(model, ref_lp, ids, adv, mask):
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -88,37 +141,10 @@ def main():
     )
     rng = np.random.default_rng(4321)
     for size in args.size:
-        model = hf_model(size)
-        with tempfile.TemporaryDirectory() as d:
-            model.save_pretrained(d)
-            config, params = hf_io.load_hf(d)
-        tokens = rng.integers(1, config.vocab_size, (BATCH, SEQ)).astype(np.int32)
-        adv = rng.standard_normal(BATCH).astype(np.float32)
-        mask = np.zeros((BATCH, SEQ), np.int32)
-        mask[:, PROMPT:] = 1
-        attn = np.ones((BATCH, SEQ), np.int32)
-
+        model, config, params, batch = workload(size, rng)
         # jaxsearch: the trainer's update function on one device
         mesh = parallel.make_mesh({"fsdp": 1}, devices=jax.devices()[:1])
-        ref_lp = np.asarray(ts.sequence_logprobs(config, params, tokens, attn))
-        batch = dict(
-            tokens=tokens,
-            attention_mask=attn,
-            loss_mask=mask,
-            advantages=adv,
-            old_logprobs=ref_lp,
-            ref_logprobs=ref_lp,
-        )
-        loss_cfg = ts.LossConfig(clip_eps=EPS, kl_coef=BETA, kl_kind="low_var_kl")
-        optimizer = ts.make_optimizer(LR, total_steps=100, weight_decay=0.01, grad_clip=CLIP)
-        state = {"s": ts.init_state(params, optimizer, mesh)}
-        update = ts.make_train_step(
-            ts.policy_loss_fn(config, loss_cfg), "token-mean", 1, optimizer, mesh, state["s"], batch
-        )
-
-        def ours():
-            state["s"], m = update(state["s"], batch)
-            jax.block_until_ready(m["loss"])
+        ours = update_fn(config, params, batch, mesh)
 
         t0 = time.perf_counter()
         ours()
@@ -127,15 +153,7 @@ def main():
 
         # the torch reference (its reference log-probs are the same numbers)
         model.train()
-        t_ids = torch.from_numpy(tokens.astype(np.int64))
-        step = torch_step_fn(
-            model,
-            torch.from_numpy(ref_lp[:, 1:]),
-            t_ids,
-            torch.from_numpy(adv)[:, None],
-            torch.from_numpy(mask[:, 1:].astype(np.float32)),
-        )
-        t_torch = median_time(step, args.reps)
+        t_torch = median_time(torch_step(model, batch), args.reps)
 
         n = BATCH * SEQ
         flops = flops_per_step(config, n)

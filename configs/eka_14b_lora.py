@@ -8,14 +8,11 @@ rank-64 adapters on every projection trained in fp32.
 Not from the EKA paper (it fine-tunes every parameter): the rank, alpha and learning rate are our defaults.
 """
 
-from configs import eka_14b
+from configs import eka_14b, eka_7b_lora
 
 
 def get_config():
-    c = eka_14b.get_config()
-    c.model.param_dtype = "bfloat16"  # the frozen base: no fp32 master copy (only the adapters train)
-    c.lora.update(dict(rank=64, alpha=64.0, dropout=0.0, target_modules="all-linear"))
-    c.optim.lr = 1e-5  # LoRA wants a larger learning rate than full fine-tuning (eka_14b: 1e-6)
+    c = eka_7b_lora.with_lora(eka_14b.get_config())  # eka_7b_lora's base dtype, adapters and learning rate
     # the rollout on 8 devices: a replicated merged copy (29.5 GB; the base's fsdp shards are gathered once per
     # step, not at every token) beside 64 rows' KV cache at a time (51.5 GB in all, 6.4 GB per device; with 128
     # rows libtpu plans the rollout phase at 79.5 GB per device, over an 80 GB card's 72 GB budget)

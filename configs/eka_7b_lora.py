@@ -11,11 +11,16 @@ Not from the EKA paper (it fine-tunes every parameter): the rank, alpha and lear
 from configs import eka_7b
 
 
-def get_config():
-    c = eka_7b.get_config()
+def with_lora(c):
+    """`c` (an EKA config) trained with LoRA: the base frozen in bf16, rank-64 adapters on every projection."""
     c.model.param_dtype = "bfloat16"  # the frozen base: no fp32 master copy (only the adapters train)
     c.lora.update(dict(rank=64, alpha=64.0, dropout=0.0, target_modules="all-linear"))
-    c.optim.lr = 1e-5  # LoRA wants a larger learning rate than full fine-tuning (eka_7b: 1e-6)
+    c.optim.lr = 1e-5  # LoRA wants a larger learning rate than full fine-tuning (eka_7b, eka_14b: 1e-6)
+    return c
+
+
+def get_config():
+    c = with_lora(eka_7b.get_config())
     # one device: 8-row micro-batches of the 256-row mini-batches, 64 rollout rows at a time (a 15 GB KV
     # cache of 64 x 4096 tokens instead of 120 GB for 512)
     c.algo.micro_batches = 32

@@ -231,19 +231,20 @@ class LoraConfig:
     @property
     def targets(self) -> tuple[str, ...]:
         if self.target_modules.strip() == "all-linear":
-            return _LORA_TARGETS
+            return LORA_TARGETS
         return tuple(t.strip() for t in self.target_modules.split(",") if t.strip())
 
     def __post_init__(self):
-        unknown = [t for t in self.targets if t not in _LORA_TARGETS]
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
         if unknown or not self.targets:
             raise ConfigError(
                 f"config.lora.target_modules={self.target_modules!r}: expected 'all-linear' or comma-separated "
-                f"names among {', '.join(_LORA_TARGETS)}"
+                f"names among {', '.join(LORA_TARGETS)}"
             )
 
 
-_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the projections LoRA can adapt, by transformers' names (models/lora.py's TARGETS)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from jaxsearch.rl.step_log import StepTimer
 from jaxsearch.models.sharding import param_shardings
 
 from hang import HANG_S
-from tiny_models import tiny_qwen2_config
+from tiny_models import numpy_logprobs, tiny_qwen2_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTH = 24
@@ -63,19 +63,6 @@ def _trajectories(rows=4, seed=0) -> Trajectories:
     )  # fmt: skip
 
 
-def _numpy_logprobs(config, params, tokens, attn, temperature=1.0):
-    """log p(tokens[b, t] | tokens[b, :t]) from the model's logits by a numpy log-softmax ([B, T], 0 at t = 0)."""
-    logits = np.asarray(qwen2.forward(config, params, tokens, attn), np.float64) / temperature
-    logp = (
-        logits
-        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
-        - logits.max(-1, keepdims=True)
-    )
-    out = np.zeros(tokens.shape)
-    out[:, 1:] = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
-    return out
-
-
 def _numpy_gae(rewards, values, mask, gamma, lam):
     """GAE over mask-1 tokens by a backwards loop (observations skipped), returns before whitening, then
     advantages whitened over mask-1 tokens with the unbiased variance."""
@@ -109,7 +96,7 @@ def test_grpo_batches_hold_group_advantages_and_the_policy_logprobs():
     np.testing.assert_allclose(
         joined["advantages"], [0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6), 0, 0], rtol=1e-5
     )
-    expected = _numpy_logprobs(config, params, traj.tokens, traj.attention_mask)
+    expected = numpy_logprobs(config, params, traj.tokens, traj.attention_mask)
     mask = traj.attention_mask == 1
     np.testing.assert_allclose(joined["old_logprobs"][mask], expected[mask], atol=2e-4)
     np.testing.assert_allclose(joined["ref_logprobs"], joined["old_logprobs"])  # nothing updated yet

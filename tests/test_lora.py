@@ -18,7 +18,7 @@ from jaxsearch.config import ConfigError, RunConfig
 from jaxsearch.models import hf_io, lora, qwen2
 from jaxsearch.rl import train_step as ts
 
-from tiny_models import tiny_qwen2_config
+from tiny_models import numpy_logprobs, tiny_qwen2_config
 
 CONFIG = tiny_qwen2_config(vocab_size=64, num_hidden_layers=2, tie_word_embeddings=False)
 QWEN3 = tiny_qwen2_config(vocab_size=64, num_hidden_layers=2, family="qwen3", head_dim=12, tie_word_embeddings=True)
@@ -183,15 +183,6 @@ def _cfg(**lora_keys):
     return cfg
 
 
-def _numpy_logprobs(config, params, tokens, attn):
-    logits = np.asarray(FORWARD(config, params, tokens, attn), np.float64)
-    logp = logits - logits.max(-1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    out = np.zeros(tokens.shape)
-    out[:, 1:] = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
-    return out
-
-
 def test_grpo_with_lora_trains_adapters_over_a_frozen_base_that_is_the_reference():
     from jaxsearch.rl.algorithms import make_algorithm
     from jaxsearch.rl.step_log import StepTimer
@@ -221,10 +212,10 @@ def test_grpo_with_lora_trains_adapters_over_a_frozen_base_that_is_the_reference
     adapters = jax.device_get(state["policy"].params)
     merged = _numpy_merge(CONFIG, spec, before, adapters)
     np.testing.assert_allclose(
-        joined["old_logprobs"], _numpy_logprobs(CONFIG, merged, traj.tokens, traj.attention_mask), atol=1e-4
+        joined["old_logprobs"], numpy_logprobs(CONFIG, merged, traj.tokens, traj.attention_mask), atol=1e-4
     )
     np.testing.assert_allclose(
-        joined["ref_logprobs"], _numpy_logprobs(CONFIG, before, traj.tokens, traj.attention_mask), atol=1e-4
+        joined["ref_logprobs"], numpy_logprobs(CONFIG, before, traj.tokens, traj.attention_mask), atol=1e-4
     )
     assert np.abs(joined["old_logprobs"] - joined["ref_logprobs"]).max() > 1e-4  # the adapters moved
     for x, y in zip(jax.tree_util.tree_leaves(algo.base), jax.tree_util.tree_leaves(before)):

@@ -19,6 +19,21 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
     return qwen2.Qwen2Config(vocab_size=vocab_size, **fields)
 
 
+def numpy_logprobs(config, params, tokens, attn, temperature=1.0):
+    """log p(tokens[b, t] | tokens[b, :t]) from the model's logits (jitted forward) by a float64 numpy
+    log-softmax: [B, T], 0 at t = 0."""
+    import jax
+    import numpy as np
+
+    logits = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, tokens, attn), np.float64)
+    logits = logits / temperature
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    out = np.zeros(tokens.shape)
+    out[:, 1:] = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+    return out
+
+
 def save_tiny_searcher(directory):
     """The tiny trained searcher (`testing.train_tiny_searcher`, cached) written under `directory` as a params
     checkpoint `ckpt/`, its `tokenizer.json` and its world's `test.jsonl`, for launchers to read.

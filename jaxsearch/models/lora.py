@@ -26,17 +26,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-# transformers' projection names -> the module that holds them in `qwen2.py`
-MODULE_OF = {
-    "q_proj": "attn",
-    "k_proj": "attn",
-    "v_proj": "attn",
-    "o_proj": "attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
-TARGETS = tuple(MODULE_OF)
+from jaxsearch.config import LORA_TARGETS as TARGETS  # what a config's lora.target_modules may name
+
+# transformers' projection names -> the module that holds them in `qwen2.py`: q/k/v/o attn, gate/up/down mlp
+MODULE_OF = {name: "attn" if name in TARGETS[:4] else "mlp" for name in TARGETS}
 
 
 @dataclasses.dataclass(frozen=True)

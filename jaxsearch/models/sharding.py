@@ -53,6 +53,14 @@ def decode_param_shardings(config, mesh: Mesh, layout: str):
     return param_shardings(config, mesh, _DECODE_RULES[layout])
 
 
+def copy_shardings(config, params, mesh: Mesh, layout: str):
+    """Where a decode copy of `params` goes (a LoRA run's merged one too): decode `layout`'s shardings, or for
+    "train" the params' own."""
+    if layout == "train":
+        return jax.tree_util.tree_map(lambda x: x.sharding, params)
+    return decode_param_shardings(config, mesh, layout)
+
+
 def to_decode_layout(config, params, mesh: Mesh, layout: str):
     """`params` as the sampler should read them: a copy in the compute dtype in decode `layout`, or, for
     "train", `params` themselves. Compiled once per (config, mesh, layout)."""

@@ -26,7 +26,7 @@ from jaxsearch.models import qwen2
 from jaxsearch.agent.policy import model_config
 from jaxsearch.rl import algorithms
 from jaxsearch.rl import train_step as ts
-from jaxsearch.models.sharding import decode_param_shardings, param_shardings
+from jaxsearch.models.sharding import copy_shardings, param_shardings
 from jaxsearch.plan.estimate import HARDWARE as HARDWARE, format_estimate as format_estimate
 from jaxsearch.plan.estimate import step_time_estimate as step_time_estimate
 from jaxsearch.plan.breakdown import GB, format_breakdown, peak_buffers, shape_facts, step_breakdown
@@ -282,13 +282,9 @@ def abstract_decode_params(config: qwen2.Qwen2Config, params, layout: str, merge
     """The sampler's params (`models.sharding.to_decode_layout`): `params` for "train", else a copy in the
     compute dtype carrying the layout's shardings. `merged` (LoRA): always a copy, base + adapters, in the
     compute dtype ("train": with the base's shardings)."""
-    if layout == "train":
-        if not merged:
-            return params
-        return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, config.compute_dtype, sharding=x.sharding), params
-        )
-    shardings = decode_param_shardings(config, _mesh_of(params), layout)
+    if layout == "train" and not merged:
+        return params
+    shardings = copy_shardings(config, params, _mesh_of(params), layout)
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, config.compute_dtype, sharding=s), params, shardings
     )

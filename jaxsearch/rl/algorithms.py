@@ -35,7 +35,7 @@ from jaxsearch.config import RunConfig
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsearch.models import lora as lora_lib
-from jaxsearch.models.sharding import decode_param_shardings, to_decode_layout
+from jaxsearch.models.sharding import copy_shardings, to_decode_layout
 from jaxsearch.rl import advantages as adv_lib
 from jaxsearch.rl import train_step as ts
 from jaxsearch.scoring import rewards as rewards_lib
@@ -274,11 +274,8 @@ class GRPO:
     def _merge_fn(self):
         """LoRA: jitted (base, adapters) -> merged params in the compute dtype, laid out as the sampler reads
         them (`rollout.decode_layout`; "train": the base's shardings)."""
-        layout, config = self.cfg.rollout.decode_layout, self.model_config
-        if layout == "train":
-            shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.base)
-        else:
-            shardings = decode_param_shardings(config, self.mesh, layout)
+        config = self.model_config
+        shardings = copy_shardings(config, self.base, self.mesh, self.cfg.rollout.decode_layout)
         merge = functools.partial(lora_lib.merge, config, self.lora, dtype=config.compute_dtype)
         return jax.jit(merge, out_shardings=shardings)
 
