@@ -18,15 +18,11 @@ from jaxsearch.config import ConfigError, RunConfig
 from jaxsearch.models import hf_io, lora, qwen2
 from jaxsearch.rl import train_step as ts
 
-from tiny_models import numpy_logprobs, tiny_qwen2_config
+from tiny_models import FORWARD, INIT, LOGPROBS, numpy_logprobs, tiny_qwen2_config
 
 CONFIG = tiny_qwen2_config(vocab_size=64, num_hidden_layers=2, tie_word_embeddings=False)
 QWEN3 = tiny_qwen2_config(vocab_size=64, num_hidden_layers=2, family="qwen3", head_dim=12, tie_word_embeddings=True)
-# the model functions jitted (config static): eager, a tiny model's calls cost seconds of per-op dispatch
-FORWARD = jax.jit(qwen2.forward, static_argnums=0)
-INIT = jax.jit(qwen2.init_params, static_argnums=0)
-MERGE = jax.jit(lora.merge, static_argnums=(0, 1))
-LOGPROBS = jax.jit(qwen2.token_logprobs, static_argnums=0)
+MERGE = jax.jit(lora.merge, static_argnums=(0, 1))  # jitted as tiny_models' FORWARD, INIT, LOGPROBS
 INIT_ADAPTERS = jax.jit(lora.init_adapters, static_argnums=(0, 1))
 
 

@@ -7,10 +7,11 @@ import torch
 import jax
 import jax.numpy as jnp
 
-from jaxsearch.models import hf_io, qwen2
+from jaxsearch.models import hf_io
 from jaxsearch.agent import sampler as S
 from jaxsearch.models.sharding import param_shardings, to_decode_layout
 from hf_reference import make_hf_model
+from tiny_models import FORWARD, LOGPROBS
 
 PIECES = [
     b"</",
@@ -173,10 +174,10 @@ def test_recorded_logprobs_equal_a_fresh_forward(model, temperature):
         gen = seg.tokens[b, : seg.length[b]].tolist()
         seq = np.asarray([p + gen])
         ones = np.ones_like(seq[:, :-1])
-        logp = qwen2.token_logprobs(config, params, seq[:, :-1], ones, seq[:, 1:], temperature=temperature)
+        logp = LOGPROBS(config, params, seq[:, :-1], ones, seq[:, 1:], temperature=temperature)
         np.testing.assert_allclose(seg.logprobs[b, : len(gen)], np.asarray(logp)[0, len(p) - 1 :], atol=1e-4)
         logits = (
-            np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)), np.float64)[0] / temperature
+            np.asarray(FORWARD(config, params, seq, np.ones_like(seq)), np.float64)[0] / temperature
         )
         lp = (
             logits
@@ -304,7 +305,7 @@ def test_multi_turn_appends_match_forward_and_compile_nothing_new(model):
         # the cache now holds exactly the history: the next-token logits agree with a full forward
         for b in range(3):
             seq = np.asarray([history[b]])
-            ref = np.asarray(qwen2.forward(config, params, seq, np.ones_like(seq)))[0, -1]
+            ref = np.asarray(FORWARD(config, params, seq, np.ones_like(seq)))[0, -1]
             np.testing.assert_allclose(np.asarray(state.logits[b]), ref, atol=2e-4)
         assert list(np.asarray(state.cache.lengths)) == [len(h) for h in history]
     # every shape (prompt bucket, decode loop, chunk buckets 16 and 8) is met in the first two turns;

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxsearch import parallel
-from jaxsearch.models import qwen2
 from jaxsearch.rl import train_step as ts
 from jaxsearch.models.sharding import param_shardings
 
-from tiny_models import tiny_qwen2_config
+from tiny_models import FORWARD, INIT, tiny_qwen2_config
 
 CONFIG = tiny_qwen2_config(vocab_size=96, num_hidden_layers=2, tie_word_embeddings=False)
+POLICY_LOSS = jax.jit(ts.policy_loss, static_argnums=(0, 1))
 
 
 def make_batch(b=8, t=24, seed=0, per_token_adv=False):
@@ -38,7 +38,7 @@ def run(loss_cfg, batch, mesh_shape=None, steps=2):
     """Train `steps` updates from the same init; mesh_shape None: one device."""
     devices = jax.devices() if mesh_shape else jax.devices()[:1]
     mesh = parallel.make_mesh(mesh_shape or {"fsdp": 1}, devices=devices)
-    params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    params = INIT(CONFIG, jax.random.PRNGKey(0))
     params = jax.device_put(params, param_shardings(CONFIG, mesh))
     optimizer = ts.make_optimizer(1e-3, total_steps=10, warmup_steps=1)
     state = ts.init_state(params, optimizer, mesh)
@@ -86,9 +86,9 @@ def test_loss_equals_numpy_reference(temperature):
     """pg + kl terms recomputed in numpy from the model's log-probs (of logits / the rollout temperature)."""
     batch = make_batch(seed=2)
     cfg = ts.LossConfig(kl_coef=0.1, temperature=temperature)
-    params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
-    loss, stats = ts.policy_loss(CONFIG, cfg, params, {k: jnp.asarray(v) for k, v in batch.items()})
-    logits = np.asarray(qwen2.forward(CONFIG, params, batch["tokens"], batch["attention_mask"]), np.float64)
+    params = INIT(CONFIG, jax.random.PRNGKey(0))
+    loss, stats = POLICY_LOSS(CONFIG, cfg, params, {k: jnp.asarray(v) for k, v in batch.items()})
+    logits = np.asarray(FORWARD(CONFIG, params, batch["tokens"], batch["attention_mask"]), np.float64)
     logits = logits / temperature
     lsm = (
         logits
@@ -112,7 +112,7 @@ def test_non_finite_loss_skips_the_update():
     batch["advantages"] = batch["advantages"].copy()
     batch["advantages"][0] = np.nan
     state, hist = run(ts.LossConfig(), batch)
-    params0 = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    params0 = INIT(CONFIG, jax.random.PRNGKey(0))
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(params0)):
         np.testing.assert_array_equal(a, b)
     assert int(state.step) == 0 and int(state.skipped) == 2 and bool(hist[0]["update_skipped"])
@@ -121,7 +121,7 @@ def test_non_finite_loss_skips_the_update():
 def test_critic_values_see_only_earlier_tokens_and_fit_returns():
     """values[:, t] is the value of the state before tokens[:, t]; the critic update regresses to returns."""
     batch = make_batch(seed=4)
-    params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
+    params = INIT(CONFIG, jax.random.PRNGKey(0))
     critic = ts.init_critic(CONFIG, params, jax.random.PRNGKey(1))
     values = np.asarray(ts.critic_values(CONFIG, critic, batch["tokens"], batch["attention_mask"]))
     changed = batch["tokens"].copy()
@@ -176,12 +176,9 @@ def test_loss_does_not_depend_on_right_padding():
     batch = make_batch(seed=3)  # rows end by column 24
     wide = {k: np.pad(v, ((0, 0), (0, 40))) if v.ndim == 2 else v for k, v in batch.items()}
     cfg = ts.LossConfig(kl_coef=0.1)
-    params = qwen2.init_params(CONFIG, jax.random.PRNGKey(0))
-    grad = jax.grad(lambda p, b: ts.policy_loss(CONFIG, cfg, p, b)[0])
-    for a, b in zip(
-        jax.tree_util.tree_leaves(grad(params, batch)), jax.tree_util.tree_leaves(grad(params, wide))
-    ):
+    params = INIT(CONFIG, jax.random.PRNGKey(0))
+    loss_and_grad = jax.jit(jax.value_and_grad(lambda p, b: ts.policy_loss(CONFIG, cfg, p, b)[0]))
+    (loss, grad), (wide_loss, wide_grad) = loss_and_grad(params, batch), loss_and_grad(params, wide)
+    for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(wide_grad)):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    np.testing.assert_allclose(
-        ts.policy_loss(CONFIG, cfg, params, batch)[0], ts.policy_loss(CONFIG, cfg, params, wide)[0], rtol=1e-6
-    )
+    np.testing.assert_allclose(loss, wide_loss, rtol=1e-6)

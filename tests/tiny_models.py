@@ -1,6 +1,15 @@
-"""Tiny model configs shared by the tests, so the same architecture literal is not repeated in every file."""
+"""Tiny model configs and jitted model calls shared by the tests, so the same architecture literal is not
+repeated in every file."""
+
+import jax
 
 from jaxsearch.models import qwen2
+
+# The model functions jitted (config static; token_logprobs' return_entropy and temperature too): eager, each of
+# a tiny model's ~150 ops compiles apart for every new shape and a call costs seconds.
+FORWARD = jax.jit(qwen2.forward, static_argnums=0)
+INIT = jax.jit(qwen2.init_params, static_argnums=0)
+LOGPROBS = jax.jit(qwen2.token_logprobs, static_argnums=0, static_argnames=("return_entropy", "temperature"))
 
 
 def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
@@ -22,10 +31,9 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
 def numpy_logprobs(config, params, tokens, attn, temperature=1.0):
     """log p(tokens[b, t] | tokens[b, :t]) from the model's logits (jitted forward) by a float64 numpy
     log-softmax: [B, T], 0 at t = 0."""
-    import jax
     import numpy as np
 
-    logits = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, tokens, attn), np.float64)
+    logits = np.asarray(FORWARD(config, params, tokens, attn), np.float64)
     logits = logits / temperature
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))

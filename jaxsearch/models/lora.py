@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxsearch.config import LORA_TARGETS as TARGETS  # what a config's lora.target_modules may name
+from jaxsearch.models import random_init
 
 # transformers' projection names -> the module that holds them in `qwen2.py`: q/k/v/o attn, gate/up/down mlp
 MODULE_OF = {name: "attn" if name in TARGETS[:4] else "mlp" for name in TARGETS}
@@ -79,15 +80,17 @@ def features(config, name: str) -> tuple[int, int]:
 
 
 def init_adapters(config, spec: LoraSpec, rng, dtype=jnp.float32) -> dict:
-    """Fresh adapters (see the module docstring): A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0, in `dtype`."""
+    """Fresh adapters (see the module docstring): A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0, in `dtype`. The draws
+    are `random_init`'s (cheap to compile, the same under any sharding), one stream per layer and target."""
+    seed = random_init.seed_word(rng)
     out = {}
     for i in range(config.num_hidden_layers):
         layer = {}
         for name in spec.targets:
             n_in, n_out = features(config, name)
-            key = jax.random.fold_in(jax.random.fold_in(rng, i), TARGETS.index(name))
             bound = 1.0 / math.sqrt(n_in)
-            a = jax.random.uniform(key, (n_in, spec.rank), dtype, -bound, bound)
+            stream = i * len(TARGETS) + TARGETS.index(name)
+            a = random_init.uniform(seed, stream, (n_in, spec.rank), -bound, bound, dtype)
             layer.setdefault(MODULE_OF[name], {})[name] = {"a": a, "b": jnp.zeros((spec.rank, n_out), dtype)}
         out[f"layers_{i}"] = layer
     return out
