@@ -70,10 +70,10 @@ def test_load_places_each_tensor_on_its_sharding(saved):
     mesh = parallel.make_mesh({"fsdp": 4, "tensor": 2})
     shardings = param_shardings(config, mesh)
     _, placed = hf_io.load_hf(path, shardings=shardings)
-    q = placed["layers_0"]["attn"]["q_kernel"]  # [E=48, H=4, D=32]: embed over fsdp, heads over tensor
-    assert q.sharding == shardings["layers_0"]["attn"]["q_kernel"]
-    assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
-    assert {s.data.shape for s in q.addressable_shards} == {(12, 2, 32)}
+    qkv = placed["layers_0"]["attn"]["qkv_kernel"]  # [E=48, K=2, G+2=4, D=32]: embed over fsdp, kv heads over tensor
+    assert qkv.sharding == shardings["layers_0"]["attn"]["qkv_kernel"]
+    assert qkv.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None, None)
+    assert {s.data.shape for s in qkv.addressable_shards} == {(12, 1, 4, 32)}
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), placed, params)
     # sharded forward equals the unsharded one
     ids, mask = left_padded_batch(config.vocab_size, [6, 3, 6, 6, 2, 6, 5, 6], seed=2)

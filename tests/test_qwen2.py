@@ -414,6 +414,6 @@ def test_every_param_has_logical_axes():
     for path, leaf in flat_p:
         spec = flat_a[path]
         assert len(spec) == leaf.ndim, (path, spec)
-    assert flat_a[next(p for p, _ in flat_p if "q_kernel" in str(p))] == jax.sharding.PartitionSpec(
-        "embed", "heads", "head_dim"
+    assert flat_a[next(p for p, _ in flat_p if "qkv_kernel" in str(p))] == jax.sharding.PartitionSpec(
+        "embed", "kv_heads", None, "head_dim"
     )

@@ -44,7 +44,7 @@ def test_config_and_params_read_from_a_transformers_save(tiny):
     )
     assert config.num_params() == sum(p.numel() for p in model.parameters())
     attn, hf_attn = params["layers_1"]["attn"], model.model.layers[1].self_attn
-    assert "q_bias" not in attn and "kv_bias" not in attn
+    assert "qkv_bias" not in attn
     np.testing.assert_array_equal(attn["q_norm"]["scale"], hf_attn.q_norm.weight.detach().numpy())
     np.testing.assert_array_equal(attn["k_norm"]["scale"], hf_attn.k_norm.weight.detach().numpy())
     # what init_params builds (a random-init run's policy, which save_hf then writes) has the same tree
@@ -167,7 +167,7 @@ def test_tiny_qwen3_config_trains_end_to_end(tmp_path):
     metrics = trainer.train(cfg, str(tmp_path), progress=False)
     assert metrics["policy_tokens"] > 0 and np.isfinite(metrics["loss"]) and metrics["update_skipped"] == 0
     config, params = orbax_io.restore_params(str(tmp_path / "params"))
-    assert (config.family, config.head_dim) == ("qwen3", 16) and "q_bias" not in params["layers_0"]["attn"]
+    assert (config.family, config.head_dim) == ("qwen3", 16) and "qkv_bias" not in params["layers_0"]["attn"]
     _, init = load_policy(cfg.model, cfg.seed, parallel.make_mesh({"fsdp": -1}))
     for norm in ("q_norm", "k_norm"):
         before, after = (np.asarray(p["layers_0"]["attn"][norm]["scale"]) for p in (init, params))

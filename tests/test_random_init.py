@@ -41,7 +41,7 @@ def test_init_params_gives_what_flax_initialisers_of_the_modules_give(config):
             assert a.std() == pytest.approx(0.02, rel=8 / np.sqrt(a.size)) and b.std() == pytest.approx(
                 0.02, rel=8 / np.sqrt(b.size)
             ), path
-    assert normals == 2 + 5 * config.num_hidden_layers  # embedding, lm_head; q, kv, o, gate_up, down a layer
+    assert normals == 2 + 4 * config.num_hidden_layers  # embedding, lm_head; qkv, o, gate_up, down a layer
 
 
 def test_normal_and_uniform_follow_their_laws_and_streams_are_independent():

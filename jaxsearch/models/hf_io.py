@@ -5,8 +5,8 @@ A transformers Qwen2 or Qwen3 checkpoint is `config.json` (its `model_type` name
 layout (see `qwen2.py`):
 
     model.embed_tokens.weight               [V, E]  -> embedding
-    model.layers.{i}.self_attn.q_proj.weight [H*D, E] -> layers_i/attn/q_kernel [E, H, D]  (+ .bias: Qwen2)
-    model.layers.{i}.self_attn.{k,v}_proj.*  -> layers_i/attn/kv_kernel [E, 2, K, D], kv_bias [2, K, D] (Qwen2)
+    model.layers.{i}.self_attn.{q,k,v}_proj.weight [H*D | K*D, E] -> layers_i/attn/qkv_kernel [E, K, G+2, D]
+        (kv head j: its G query heads, its k, its v; + .bias -> qkv_bias [K, G+2, D]: Qwen2)
     model.layers.{i}.self_attn.{q,k}_norm.weight [D] -> layers_i/attn/{q,k}_norm/scale        (Qwen3)
     model.layers.{i}.self_attn.o_proj.weight [E, H*D] -> layers_i/attn/o_kernel [H, D, E]
     model.layers.{i}.mlp.{gate,up}_proj.weight [F, E] -> layers_i/mlp/gate_up_kernel [E, 2, F]
@@ -86,20 +86,29 @@ def _layer_to_params(config, get: Callable[[str], np.ndarray], i: int) -> dict:
     """Convert layer i's HF tensors (fetched by name with `get`) to jaxsearch's layer params."""
     e, h, k, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
     p = f"model.layers.{i}."
-    kv_w = np.stack(
+    g = h // k
+    # [K, G + 2, D, E]: kv head j's G query heads (transformers' q heads j*G .. j*G+G-1), its k, its v
+    qkv_w = np.concatenate(
         [
-            get(p + "self_attn.k_proj.weight").reshape(k, d, e),
-            get(p + "self_attn.v_proj.weight").reshape(k, d, e),
-        ]
-    )  # [2, K, D, E]
+            get(p + "self_attn.q_proj.weight").reshape(k, g, d, e),
+            get(p + "self_attn.k_proj.weight").reshape(k, 1, d, e),
+            get(p + "self_attn.v_proj.weight").reshape(k, 1, d, e),
+        ],
+        axis=1,
+    )
     attn = {
-        "q_kernel": get(p + "self_attn.q_proj.weight").reshape(h, d, e).transpose(2, 0, 1),
-        "kv_kernel": kv_w.transpose(3, 0, 1, 2),
+        "qkv_kernel": qkv_w.transpose(3, 0, 1, 2),
         "o_kernel": get(p + "self_attn.o_proj.weight").reshape(e, h, d).transpose(1, 2, 0),
     }
     if config.qkv_bias:
-        attn["q_bias"] = get(p + "self_attn.q_proj.bias").reshape(h, d)
-        attn["kv_bias"] = np.stack([get(p + f"self_attn.{n}_proj.bias").reshape(k, d) for n in "kv"])
+        attn["qkv_bias"] = np.concatenate(
+            [
+                get(p + "self_attn.q_proj.bias").reshape(k, g, d),
+                get(p + "self_attn.k_proj.bias").reshape(k, 1, d),
+                get(p + "self_attn.v_proj.bias").reshape(k, 1, d),
+            ],
+            axis=1,
+        )
     if config.qk_norm:
         attn.update({f"{n}_norm": {"scale": get(p + f"self_attn.{n}_norm.weight")} for n in "qk"})
     return {
@@ -119,23 +128,23 @@ def _layer_to_hf(config, layer: dict, i: int) -> dict[str, np.ndarray]:
     e, h, k, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
     p = f"model.layers.{i}."
     a, m = layer["attn"], layer["mlp"]
-    kv = a["kv_kernel"].transpose(1, 2, 3, 0)  # [2, K, D, E]
+    g = h // k
+    qkv = a["qkv_kernel"].transpose(1, 2, 3, 0)  # [K, G + 2, D, E]
     out = {
         p + "input_layernorm.weight": layer["input_norm"]["scale"],
         p + "post_attention_layernorm.weight": layer["post_attn_norm"]["scale"],
-        p + "self_attn.q_proj.weight": a["q_kernel"].transpose(1, 2, 0).reshape(h * d, e),
-        p + "self_attn.k_proj.weight": kv[0].reshape(k * d, e),
-        p + "self_attn.v_proj.weight": kv[1].reshape(k * d, e),
+        p + "self_attn.q_proj.weight": qkv[:, :g].reshape(h * d, e),
+        p + "self_attn.k_proj.weight": qkv[:, g].reshape(k * d, e),
+        p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(k * d, e),
         p + "self_attn.o_proj.weight": a["o_kernel"].transpose(2, 0, 1).reshape(e, h * d),
         p + "mlp.gate_proj.weight": m["gate_up_kernel"][:, 0].T,
         p + "mlp.up_proj.weight": m["gate_up_kernel"][:, 1].T,
         p + "mlp.down_proj.weight": m["down_kernel"].T,
     }
     if config.qkv_bias:
-        out[p + "self_attn.q_proj.bias"] = a["q_bias"].reshape(h * d)
-        out.update(
-            {p + f"self_attn.{n}_proj.bias": a["kv_bias"][j].reshape(k * d) for j, n in enumerate("kv")}
-        )
+        bias = a["qkv_bias"]  # [K, G + 2, D]
+        out[p + "self_attn.q_proj.bias"] = bias[:, :g].reshape(h * d)
+        out.update({p + f"self_attn.{n}_proj.bias": bias[:, g + j].reshape(k * d) for j, n in enumerate("kv")})
     if config.qk_norm:
         out.update({p + f"self_attn.{n}_norm.weight": a[f"{n}_norm"]["scale"] for n in "qk"})
     return out

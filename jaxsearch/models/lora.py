@@ -121,7 +121,7 @@ def targets_of(adapters) -> tuple[str, ...]:
 
 def merge(config, spec: LoraSpec, base, adapters, dtype=None):
     """Plain params with each adapted kernel replaced by W + scale * A @ B (computed in fp32), in `dtype`
-    (None: each kernel's own). [E, H, D] q, [E, 2, K, D] k/v, [H, D, E] o, [E, 2, F] gate/up, [F, E] down."""
+    (None: each kernel's own). [E, K, G + 2, D] q/k/v, [H, D, E] o, [E, 2, F] gate/up, [F, E] down."""
     e, f = config.hidden_size, config.intermediate_size
     h, k, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
 
@@ -136,12 +136,14 @@ def merge(config, spec: LoraSpec, base, adapters, dtype=None):
         layer, ads = base[f"layers_{i}"], adapters[f"layers_{i}"]
         attn, mlp = dict(out[f"layers_{i}"]["attn"]), dict(out[f"layers_{i}"]["mlp"])
         a_ads, m_ads = ads.get("attn", {}), ads.get("mlp", {})
-        if "q_proj" in a_ads:
-            attn["q_kernel"] = add(layer["attn"]["q_kernel"], delta(a_ads["q_proj"]).reshape(e, h, d))
-        if "k_proj" in a_ads or "v_proj" in a_ads:
-            zero = jnp.zeros((e, k, d), jnp.float32)
-            parts = [delta(a_ads[n]).reshape(e, k, d) if n in a_ads else zero for n in ("k_proj", "v_proj")]
-            attn["kv_kernel"] = add(layer["attn"]["kv_kernel"], jnp.stack(parts, axis=1))
+        if {"q_proj", "k_proj", "v_proj"} & set(a_ads):  # the fused [E, K, G + 2, D]; an untargeted part adds 0
+            def part(name, heads):  # [E, K, heads, D]
+                if name not in a_ads:
+                    return jnp.zeros((e, k, heads, d), jnp.float32)
+                return delta(a_ads[name]).reshape(e, k, heads, d)
+
+            parts = [part("q_proj", h // k), part("k_proj", 1), part("v_proj", 1)]
+            attn["qkv_kernel"] = add(layer["attn"]["qkv_kernel"], jnp.concatenate(parts, axis=2))
         if "o_proj" in a_ads:
             attn["o_kernel"] = add(layer["attn"]["o_kernel"], delta(a_ads["o_proj"]).reshape(h, d, e))
         if "gate_proj" in m_ads or "up_proj" in m_ads:

@@ -15,14 +15,14 @@ jaxsearch calls:
 `params` is the pytree below, or `lora.with_adapters(base, adapters)`: every projection with an adapter then
 adds scale * (x A) B (`models/lora.py`; the config from `lora.lora_config`).
 
-Parameter layout (shapes; logical axes in brackets). q/k/v/o kernels keep heads as their own axis so
-they shard by head without reshapes; k and v, and gate and up, are fused into one matmul each, since
-on small models a decode step costs per op rather than per FLOP.
+Parameter layout (shapes; logical axes in brackets). Kernels keep heads as their own axis so they shard by
+head without reshapes; q, k and v (grouped by kv head, G = H / K query heads each), and gate and up, are fused
+into one matmul each, since a decode step costs per op (per kernel on a GPU) rather than per FLOP on small
+models. hf_io splits them again for transformers' checkpoints.
 
     embed/embedding          [V, E]        (vocab, embed)
     layers_i/input_norm/scale           [E]          (norm,)
-    layers_i/attn/q_kernel   [E, H, D]     (embed, heads, head_dim)         q_bias [H, D]        (Qwen2)
-    layers_i/attn/kv_kernel  [E, 2, K, D]  (embed, None, kv_heads, head_dim)  kv_bias [2, K, D]  (Qwen2)
+    layers_i/attn/qkv_kernel [E, K, G+2, D] (embed, kv_heads, None, head_dim)  qkv_bias [K, G+2, D] (Qwen2)
     layers_i/attn/{q,k}_norm/scale      [D]          (norm,)                                     (Qwen3)
     layers_i/attn/o_kernel   [H, D, E]     (heads, head_dim, embed)
     layers_i/post_attn_norm/scale       [E]
@@ -146,22 +146,22 @@ class Attention(nn.Module):
         e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         init = nn.initializers.normal(0.02)
         zeros, wdt = nn.initializers.zeros, cfg.weight_dtype
-        # created in this order so that a seed gives the same init as before Qwen3 (flax counts rng draws)
-        wq = _param(self, "q_kernel", (e, h, d), ("embed", "heads", "head_dim"), init, wdt)
-        bq = _param(self, "q_bias", (h, d), ("heads", "head_dim"), zeros, wdt) if cfg.qkv_bias else None
-        wkv = _param(self, "kv_kernel", (e, 2, kvh, d), ("embed", None, "kv_heads", "head_dim"), init, wdt)
-        bkv = (
-            _param(self, "kv_bias", (2, kvh, d), (None, "kv_heads", "head_dim"), zeros, wdt)
+        g = h // kvh  # query heads per kv head
+        # q, k and v in one kernel, grouped by kv head: [E, K, G + 2, D] holds kv head j's G query heads (heads
+        # j*G .. j*G+G-1, transformers' GQA order), then its k, then its v; one matmul, sharded by kv head
+        wqkv = _param(self, "qkv_kernel", (e, kvh, g + 2, d), ("embed", "kv_heads", None, "head_dim"), init, wdt)
+        bqkv = (
+            _param(self, "qkv_bias", (kvh, g + 2, d), ("kv_heads", None, "head_dim"), zeros, wdt)
             if cfg.qkv_bias
             else None
         )
         wo = _param(self, "o_kernel", (h, d, e), ("heads", "head_dim", "embed"), init, wdt)
         dt = cfg.compute_dtype
-        q = jnp.einsum("bte,ehd->bthd", x, wq.astype(dt))
-        kv = jnp.einsum("bte,ejkd->btjkd", x, wkv.astype(dt))
+        qkv = jnp.einsum("bte,ekjd->btkjd", x, wqkv.astype(dt))
         if cfg.qkv_bias:  # Qwen2
-            q, kv = q + bq.astype(dt), kv + bkv.astype(dt)
-        k, v = kv[:, :, 0], kv[:, :, 1]
+            qkv = qkv + bqkv.astype(dt)
+        b, t = x.shape[:2]
+        q, k, v = qkv[:, :, :, :g].reshape(b, t, h, d), qkv[:, :, :, g], qkv[:, :, :, g + 1]
         q = _plus(q, _lora_delta(self, "q_proj", x))
         k, v = _plus(k, _lora_delta(self, "k_proj", x)), _plus(v, _lora_delta(self, "v_proj", x))
         if cfg.qk_norm:  # Qwen3: each head's q and k RMS-normalised over head_dim, before RoPE
@@ -173,7 +173,6 @@ class Attention(nn.Module):
         out = attend(q, k_all, v_all, mask, cfg.attention_chunk, cfg.attention_impl)
         # one [B*T, H*D] x [H*D, E] matmul: contracting (h, d) as two axes made XLA:CPU transpose the
         # weight on every decode step
-        b, t = out.shape[:2]
         out = out.reshape(b, t, h * d)
         return _plus(out @ wo.astype(dt).reshape(h * d, e), _lora_delta(self, "o_proj", out)), new_kv
 
