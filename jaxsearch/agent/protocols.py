@@ -35,7 +35,8 @@ Sources (reference text only; every string below is typed out from them):
 - rsearch: QingFei1/R-Search, `scripts/pre_train_data.sh` (system prompt; the question is the user turn) and
   `src/train/generation.py` (observation, passages without "Doc i"). R-Search's tags `<observation>` and
   `<original_evidence>` are renamed `<information>` and `<evidence>`, this project's names for them
-  (the rewards read those). rsearch_eval (agent/rsearch_eval.py): R-Search's evaluation loop,
+  (the rewards read those); rsearch_no_evidence: the same without the evidence sentences (seed 002 §5.2,
+  no published prompt). rsearch_eval (agent/rsearch_eval.py): R-Search's evaluation loop,
   `src/eval/main.py` and `src/eval/config.yaml`, with the authors' tag names (for their checkpoints).
 """
 
@@ -148,16 +149,23 @@ SOAR_INTERNAL_KNOWLEDGE_PROMPT = (
     "4) Output ONLY the {k} numbered bullets and nothing else."
 )
 
+RSEARCH_EVIDENCE_INSTRUCTION = (  # the template's three sentences about the evidence step
+    "When you know the final answer, use <evidence> and </evidence> to provide all potentially relevant "
+    "original information from the observations. Ensure the information is complete and preserves the "
+    "original wording without modification. If no searches were conducted or observations were made, omit "
+    "the evidence section. "
+)
 RSEARCH_SYSTEM_PROMPT = (
     "You are a helpful assistant that can solve the given question step by step. For each step, start by "
     "explaining your thought process. If additional information is needed, provide a specific query enclosed "
     "in <search> and </search>. The system will return the top search results within <information> and "
     "</information>. You can perform multiple searches as needed.\n"
-    "When you know the final answer, use <evidence> and </evidence> to provide all potentially relevant "
-    "original information from the observations. Ensure the information is complete and preserves the "
-    "original wording without modification. If no searches were conducted or observations were made, omit "
-    "the evidence section. Finally, provide the final answer within <answer> and </answer> tags."
+    + RSEARCH_EVIDENCE_INSTRUCTION
+    + "Finally, provide the final answer within <answer> and </answer> tags."
 )
+# The evidence-free ablation (seed 002 §5.2): R-Search's repository (ecba08d) has no prompt or flag for it, so
+# ours is the template without its evidence sentences, every other byte kept.
+RSEARCH_NO_EVIDENCE_SYSTEM_PROMPT = RSEARCH_SYSTEM_PROMPT.replace(RSEARCH_EVIDENCE_INSTRUCTION, "")
 
 # ---------------------------------------------------------------------------------------------- registry
 
@@ -455,6 +463,7 @@ class RSearchProtocol(AgentProtocol):
         "<answer>": "answer",
     }
     system_prompt = RSEARCH_SYSTEM_PROMPT
+    writes_evidence = True  # its prompt asks for <evidence>
 
     def user_prompt(self, question: str, initial_context: str | None = None) -> str:
         self._reject_context(initial_context)
@@ -476,6 +485,16 @@ class RSearchProtocol(AgentProtocol):
     def parse_evidence(response: str) -> str | None:
         """The last `<evidence>` block the policy wrote (outside observations), stripped; else None."""
         return parsing.extract_evidence(response)
+
+
+@register_protocol("rsearch_no_evidence")
+class RSearchNoEvidenceProtocol(RSearchProtocol):
+    """R-Search's evidence-free ablation (seed 002 §5.2, Table 3: "removes evidence from rollout"): its loop, a
+    prompt that asks for no `<evidence>`; the configs drop the evidence reward and its format credit."""
+
+    name = "rsearch_no_evidence"
+    system_prompt = RSEARCH_NO_EVIDENCE_SYSTEM_PROMPT
+    writes_evidence = False
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -128,7 +128,8 @@ def policy_segments(
         segments.append(f"{think}{final}\n</think>\n<answer> {said} </answer>")
     elif isinstance(protocol, RSearchProtocol):
         evidence = " ".join(step.fact for step in searches)
-        segments.append(f"{final}\n<evidence> {evidence} </evidence>\n<answer> {said} </answer>")
+        block = f"\n<evidence> {evidence} </evidence>" if protocol.writes_evidence else ""  # ablation: none
+        segments.append(f"{final}{block}\n<answer> {said} </answer>")
     elif isinstance(protocol, SoarProtocol):
         source = "<information_source> external </information_source>"
         segments.append(f"<think> {final} </think>\n{source}\n<answer> {said} </answer>")

@@ -20,6 +20,14 @@ max_tokens / max_completion_tokens, stop, seed, n, stream, stream_options honour
 honour is a 400 naming it). The question is the last user message; the agent runs its protocol's prompt and
 full search loop and answers with OpenAI's chat.completion plus a `search_agent` field per choice (turns,
 queries and retrieved docs, EKA's P0, the whole response); `stream: true` streams the episode as it runs.
+POST /v1/rstool (RSTool, R-Search's evidence step as a search tool, seed 002 §6): body {"model", "question"}
+(and temperature, top_p, max_tokens, seed); the same episode, batched with the chat requests, answered with
+the evidence the policy distilled (`evidence`, `reader_prompt`: R-Search's reader prompt around it for a
+downstream model, `answer`, `search_agent`, `usage`). Only a policy whose protocol writes evidence (rsearch,
+rsearch_eval) serves it; any other answers 404 rstool_unavailable.
+
+    curl -s http://127.0.0.1:8000/v1/rstool -d '{"model": "tiny_cpu_rsearch", "question": "Who wrote it?"}'
+
 Concurrent requests are batched: up to --max-batch rows (padded to it: one compiled shape), waiting at most
 --batch-wait-ms for company. --temperature / --top-p are the sampling of requests that omit theirs (with
 --run: the run's evaluation's). --checkpoint, --tokenizer, --protocol, the retriever and the episode limits

@@ -5,8 +5,8 @@ model (R-Search's evidence answerer, SOAR's judges) makes one batched call per b
 
     REWARDS / get_reward(name)        text-only rewards by name: em, f1, sub_em (Search-R1's answer rule),
                                       em_strict, f1_strict (one answer, at most 256 characters), em_gated,
-                                      f1_gated, format, search_r1, rsearch_f1, rsearch_format, graph_r1,
-                                      source_consistency
+                                      f1_gated, format, search_r1, rsearch_f1, rsearch_format,
+                                      rsearch_format_no_evidence, graph_r1, source_consistency
     combine([("em", 1.0), ("format", 0.2), (evidence_reward(answerer), 1.0)])   weighted sum; its
                                       `score(samples)` also gives each term's values by name
     overlong_penalty(lengths, L_max, L_cache)   DAPO's length shaping, from token counts (not text)
@@ -192,17 +192,20 @@ def rsearch_evidence(response: str) -> str | None:
     return extract_evidence(response) if blocks(view, "information") else None
 
 
-def rsearch_format_score(response: str, weight: float = 0.2) -> float:
+def rsearch_format_score(response: str, weight: float = 0.2, evidence: bool = True) -> float:
     """R-Search's format reward (`extract_solution`'s two flags):
 
     answer:   `weight` when the response has exactly one answer block, non-empty and not "and".
     evidence: `weight` when it has exactly one non-empty evidence block and at least one observation, or
               when it has neither an evidence block nor an observation (no search, nothing to distill).
-              The order of evidence and observations is not checked.
+              The order of evidence and observations is not checked. `evidence=False`: no evidence part
+              (the evidence-free ablation, seed 002 §5.2: the answer flag alone).
     """
     view = policy_view(response)
     answers, evidences = blocks(view, "answer"), blocks(view, "evidence")
     answer_ok = len(answers) == 1 and answers[0].strip() not in ("", "and")
+    if not evidence:
+        return weight * answer_ok
     searched = bool(blocks(view, "information"))
     if not evidences:
         evidence_ok = not searched
@@ -523,6 +526,7 @@ REWARDS: Registry[RewardFn] = Registry(
         "search_r1": search_r1_reward(),
         "rsearch_f1": answer_reward(rsearch_f1),
         "rsearch_format": per_sample(lambda s: rsearch_format_score(s.response)),
+        "rsearch_format_no_evidence": per_sample(lambda s: rsearch_format_score(s.response, evidence=False)),
         "graph_r1": per_sample(lambda s: graph_r1_score(s.response, s.golden_answers)),
         "source_consistency": per_sample(lambda s: float(source_consistent(s))),
     },

@@ -184,17 +184,19 @@ def _positive_int(body: dict, name: str) -> int | None:
     return value
 
 
-def parse_chat_request(
-    raw: bytes, model_name: str, defaults: Defaults = Defaults(), max_n: int = 1
-) -> ChatRequest:
-    """The question and row settings of a chat-completions body, or a RequestError naming the bad field.
-    `defaults`: the sampling of a request that omits it; `max_n`: the most rows a request may ask for (n)."""
+def json_object(raw: bytes) -> dict:
+    """A request body as a JSON object (UTF-8 and nesting depth checked before parsing), else a 400."""
     try:
         body = parse_json_body(raw)  # UTF-8 and nesting depth checked before json.loads
     except BodyError as e:
         raise _bad(None, e.message) from None
     if not isinstance(body, dict):
         raise _bad(None, f"expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def check_model(body: dict, model_name: str) -> None:
+    """A 400 when `model` is not a string, a 404 `model_not_found` when it is not the served model."""
     model = body.get("model")
     if not isinstance(model, str):
         raise _bad("model", "expected a string (the served model: GET /v1/models)")
@@ -205,6 +207,37 @@ def parse_chat_request(
             "model",
             code="model_not_found",
         )
+
+
+def sampling_fields(body: dict, defaults: Defaults) -> tuple[float, float, int | None, int | None]:
+    """(temperature, top_p, max_tokens, seed) of a body, each checked (a 400 naming it); the sampling from
+    `defaults` where absent, max_tokens from `max_tokens` or `max_completion_tokens`."""
+    t = body.get("temperature")
+    if t is not None and (not _is_number(t) or not 0 <= t <= 2):
+        raise _bad("temperature", f"expected a number in [0, 2], got {t!r}")
+    top_p = body.get("top_p")
+    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
+        raise _bad("top_p", f"expected a number in (0, 1], got {top_p!r}")
+    max_tokens = _positive_int(body, "max_tokens")
+    max_completion = _positive_int(body, "max_completion_tokens")
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise _bad(
+            "max_completion_tokens", f"differs from max_tokens ({max_completion} != {max_tokens}); send one"
+        )
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < SEED_RANGE):
+        raise _bad("seed", f"expected an integer in 0..{SEED_RANGE - 1}, got {seed!r}")
+    temperature = float(defaults.temperature if t is None else t)
+    return temperature, float(defaults.top_p if top_p is None else top_p), max_completion or max_tokens, seed
+
+
+def parse_chat_request(
+    raw: bytes, model_name: str, defaults: Defaults = Defaults(), max_n: int = 1
+) -> ChatRequest:
+    """The question and row settings of a chat-completions body, or a RequestError naming the bad field.
+    `defaults`: the sampling of a request that omits it; `max_n`: the most rows a request may ask for (n)."""
+    body = json_object(raw)
+    check_model(body, model_name)
     question, field = _question(body.get("messages"))
     _check_fields(body)
     stream = body.get("stream")
@@ -223,30 +256,16 @@ def parse_chat_request(
     n = body.get("n")
     if n is not None and (not _is_int(n) or not 1 <= n <= max_n):
         raise _bad("n", f"expected an integer in 1..{max_n} (the server's --max-batch), got {n!r}")
-    t = body.get("temperature")
-    if t is not None and (not _is_number(t) or not 0 <= t <= 2):
-        raise _bad("temperature", f"expected a number in [0, 2], got {t!r}")
-    top_p = body.get("top_p")
-    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
-        raise _bad("top_p", f"expected a number in (0, 1], got {top_p!r}")
-    max_tokens = _positive_int(body, "max_tokens")
-    max_completion = _positive_int(body, "max_completion_tokens")
-    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
-        raise _bad(
-            "max_completion_tokens", f"differs from max_tokens ({max_completion} != {max_tokens}); send one"
-        )
-    seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < SEED_RANGE):
-        raise _bad("seed", f"expected an integer in 0..{SEED_RANGE - 1}, got {seed!r}")
+    temperature, top_p, max_tokens, seed = sampling_fields(body, defaults)
     return ChatRequest(
         question,
         bool(stream),
         field,
         bool(include_usage),
         n or 1,
-        float(defaults.temperature if t is None else t),
-        float(defaults.top_p if top_p is None else top_p),
-        max_completion or max_tokens,
+        temperature,
+        top_p,
+        max_tokens,
         _stop(body.get("stop")),
         seed,
     )

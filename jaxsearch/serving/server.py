@@ -27,6 +27,11 @@ Accepted and ignored (bookkeeping): `user`, `metadata`, `store`, `service_tier`,
 ({"type": "text"}), ... (`chat_request.NEUTRAL`). Any other field: a 400 naming it. Nothing is silently
 ignored.
 
+`POST /v1/rstool` (RSTool, seed 002 §6; serving/rstool.py) takes `{"model", "question"}` (and temperature,
+top_p, max_tokens, seed), runs the same episode batched with the chat requests, and answers the evidence the
+policy distilled (`evidence`, `reader_prompt`, `answer`, `search_agent`, `usage`); a 404 `rstool_unavailable`
+when the served protocol writes no evidence (only rsearch and rsearch_eval do).
+
 The reply is OpenAI's `chat.completion`: per choice the agent's answer as the assistant message,
 `finish_reason` "stop" (answered, or a stop string) or "length" (no answer: max_tokens, out of turns or
 cache room; the content is then ""), and an extra `search_agent` field (`replies.search_agent`: turns, each
@@ -80,6 +85,7 @@ from jaxsearch.retrieval.request_limits import too_large
 from jaxsearch.serving.batcher import Batcher, Job
 from jaxsearch.serving.chat_request import ChatRequest, Defaults, RequestError, parse_chat_request
 from jaxsearch.serving.replies import chunk, completion, event_delta, search_agent, usage
+from jaxsearch.serving.rstool import RSTOOL_PATH, check_protocol, parse_rstool_request, rstool_reply
 
 MODELS_PATH = "/v1/models"
 CHAT_PATH = "/v1/chat/completions"
@@ -137,6 +143,7 @@ class AgentServer(http.server.ThreadingHTTPServer):
         """A RequestError 400 if the question is over `limits.max_message_tokens` (by its length first, then
         tokenized): checked in the HTTP thread, so it never joins (and slows) a batch."""
         limit, field = self.limits.max_message_tokens, request.question_field
+        param = field.split("[")[0]  # "messages" (chat), "question" (RSTool)
         fix = "send a shorter question, or start the server with a larger --max-message-tokens (and --cache-len)"
         chars = len(request.question)
         if chars > limit * CHARS_PER_TOKEN_BOUND:
@@ -144,11 +151,11 @@ class AgentServer(http.server.ThreadingHTTPServer):
                 f"{field}: the question has {chars:,} characters, over {limit * CHARS_PER_TOKEN_BOUND:,} "
                 f"({CHARS_PER_TOKEN_BOUND} per token of the limit of {limit:,} tokens); {fix}"
             )
-            raise RequestError(400, message, "messages", code="context_length_exceeded")
+            raise RequestError(400, message, param, code="context_length_exceeded")
         tokens = len(self.batcher.engine.tokenizer.encode(request.question))
         if tokens > limit:
             message = f"{field}: the question is {tokens:,} tokens, over the limit of {limit:,}; {fix}"
-            raise RequestError(400, message, "messages", code="context_length_exceeded")
+            raise RequestError(400, message, param, code="context_length_exceeded")
 
     @property
     def url(self) -> str:
@@ -184,7 +191,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # headers and body (and each SSE event) are separate small writes: with Nagle's algorithm the second waits
     # for the client's delayed ACK, ~40 ms a reply on loopback (bench/serving.py: 1 client, 0.47x the engine)
     disable_nagle_algorithm = True
-    ROUTES = {MODELS_PATH: "GET", CHAT_PATH: "POST"}  # and GET MODELS_PATH/{id}
+    ROUTES = {MODELS_PATH: "GET", CHAT_PATH: "POST", RSTOOL_PATH: "POST"}  # and GET MODELS_PATH/{id}
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's signature
         if self.server.verbose:
@@ -242,6 +249,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send_json(200, {"object": "list", "data": [self.server.model()]})
             elif path.startswith(MODELS_PATH + "/"):
                 self._model(urllib.parse.unquote(path[len(MODELS_PATH) + 1 :]))
+            elif path == RSTOOL_PATH:
+                self._rstool()
             else:
                 self._chat()
         except RequestError as e:
@@ -332,6 +341,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             if not job.future.done() or job.future.cancelled():
                 job.cancel()  # the client left mid-stream: its rows free their slots
+
+    def _rstool(self) -> None:
+        """RSTool (serving/rstool.py): the question's episode, batched with chat requests; its evidence."""
+        server = self.server
+        raw = self._read_body()
+        protocol = server.batcher.engine.protocol
+        check_protocol(protocol)
+        request = parse_rstool_request(raw, server.model_name, server.defaults)
+        server.check_question(request)
+        (summary,) = self._wait(server.batcher.submit(request))
+        request_id, created = f"rstool-{uuid.uuid4().hex}", int(time.time())
+        reply = rstool_reply(server.model_name, request.question, summary, protocol, request_id, created)
+        self._send_json(200, reply)
 
     def _stream(self, job: Job, request: ChatRequest, request_id: str, created: int, model: str) -> None:
         """Server-sent events of the job's rows as the rollout reports them (server docstring)."""
