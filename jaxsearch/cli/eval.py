@@ -5,6 +5,8 @@
         --out runs/eval_search_r1
     python launch/eval.py --checkpoint Qwen2.5-7B-Instruct/ --protocol eka --eka-tags graph_r1 ...   # EKA
                                                                                     # training-free
+    python launch/eval.py --checkpoint Qwen2.5-7B-Instruct/ --protocol eka_infer --topk 10 --initial-k 5 \
+        --cache-len 32768 ...                                       # EKA training-free, the authors' own loop
 
 --checkpoint is an HF safetensors dir or a jaxsearch params dir (config.json + params/, e.g. from SFT or
 convert_checkpoint.py). Writes to --out: NAME.jsonl (one record per example with the full trajectory),
@@ -27,6 +29,17 @@ R-Search's own evaluation loop (src/eval/main.py, for its checkpoints): --protoc
 --temperature 0.1 --top-p 0.9 --topk 5, and --dataset-url for the per-dataset corpora (configs/rsearch_7b.py
 rollout.eval_* and data.eval_retrievers); results carry R-Search's Acc beside EM and F1 (plain token F1 under
 rsearch, rsearch_eval and graph_r1 protocols, as their authors' scripts; FlashRAG's yes/no rule otherwise).
+
+Training-free EKA as its authors run it (yxzwang/EarlyKnowledgeAlignment agent/vllm_infer/EKA_infer.py; seed
+000 §5.4): --protocol eka_infer, evaluation only (jaxsearch/agent/eka_infer.py). Their prompt with P0 (the top
+--initial-k passages for the raw question, from --initial-corpus if given; --initial-k 0: their prompt without
+P0, the no-EKA row) as one user message under the chat template; a `<query>{"query": ...}</query>` call is cut
+there and answered in a `<knowledge>` user turn, and the whole text is re-templated and prefilled for each
+call; the answer by their rule, scored with their plain token F1. Their defaults unless given: --temperature
+1.0 --top-p 1.0 --max-segment-tokens 4096 (max_tokens per call) --max-turns 20 (chat calls). Give --cache-len
+room for a whole episode (vLLM's max_model_len; Qwen2.5: 32768), --topk (Graph-R1's server: 10) and
+--initial-k (get_knowledge.py: 5). --scheduler, --slots, --steps-per-call, --max-obs-tokens and --eka-tags do
+not apply.
 
 Search-R1 parquet: examples are identified by (data_source, id), so a merged test set (nq, triviaqa, ... with
 ids repeated across sources) is one dataset, broken down by data source in results.md and summary.json. Under
@@ -52,6 +65,13 @@ from jaxsearch.agent.cli import (  # noqa: E402
 )
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# --protocol eka_infer: the defaults of the authors' EKA_infer.py (`main`'s argparse), for the flags not given
+EKA_INFER_DEFAULTS = {
+    "temperature": 1.0,  # --temperature default 1.0
+    "top_p": 1.0,  # --top-p default 1.0
+    "max_segment_tokens": 4096,  # --max-tokens default 4096: new tokens per chat call
+    "max_turns": 20,  # --max-turns default 20: chat calls per question
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,13 +113,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     g.add_argument("--judge-url", default="", help="OpenAI-compatible server of the fabrication judge")
     g.add_argument("--judge-model", default="", help="the judge's model name")
+    defaults = {key: p.get_default(key) for key in EKA_INFER_DEFAULTS}
+    p.set_defaults(**dict.fromkeys(EKA_INFER_DEFAULTS))  # None: not given
     args = p.parse_args(argv)
+    for key, default in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, EKA_INFER_DEFAULTS[key] if args.protocol == "eka_infer" else default)
+    _check_eka_infer(p, args)
     args = finish_agent_args(args)
     args.datasets = dict(_dataset(p, spec) for spec in args.datasets)
     args.dataset_url = dict(_dataset_url(p, spec) for spec in args.dataset_url)
     if bool(args.judge_url) != bool(args.judge_model):
         p.error("--judge-url and --judge-model go together")
     return args
+
+
+def _check_eka_infer(parser, args) -> None:
+    """--initial-k 0 (no P0) only under eka_infer, without --initial-corpus; flags eka_infer cannot honour."""
+    if args.initial_k is not None and args.initial_k < 0:
+        parser.error(f"--initial-k {args.initial_k}: expected >= 0")
+    if args.protocol != "eka_infer":
+        if args.initial_k == 0:
+            parser.error("--initial-k 0 (no P0) is --protocol eka_infer's no-EKA prompt; others take >= 1")
+        return
+    if args.initial_k == 0 and args.initial_corpus:
+        parser.error("--protocol eka_infer: --initial-k 0 (no P0) contradicts --initial-corpus (P0's source)")
+    if args.builtin_prompt:
+        parser.error("--protocol eka_infer prompts with the authors' prompt; --builtin-prompt is search_r1's")
+    if args.max_turns < 1 or args.max_segment_tokens < 1:
+        parser.error("--protocol eka_infer: --max-turns (chat calls) and --max-segment-tokens must be >= 1")
+
+
+def eka_infer_initial_k(args) -> int:
+    """eka_infer's P0 passages: --initial-k (0: none), else --topk."""
+    return args.topk if args.initial_k is None else args.initial_k
 
 
 def _dataset(parser, spec: str) -> tuple[str, str]:
@@ -129,7 +176,11 @@ def settings(args) -> dict:
     ).split()
     out = {k: getattr(args, k) for k in keys + ["checkpoint"]}
     if args.protocol != "eka":
-        out["eka_tags"] = out["initial_k"] = None
+        out["eka_tags"] = None
+    if args.protocol == "eka_infer":
+        out["initial_k"] = eka_infer_initial_k(args)
+    elif args.protocol != "eka":
+        out["initial_k"] = None
     if args.builtin_prompt:  # recorded only when set: run.json files written before the option still match
         out["builtin_prompt"] = True
     if args.dataset_url:  # likewise
@@ -203,7 +254,12 @@ def run(args, datasets, progress: bool) -> dict:
 
     mesh = parallel.make_mesh({"fsdp": -1})
     config, params = load_policy(model_config(args), args.seed, mesh)
-    engine = build_engine(agent_config(args), config, mesh, evaluation=True)
+    if args.protocol == "eka_infer":  # the authors' inference loop (re-templates each call: evaluation only)
+        from jaxsearch.agent.eka_infer import build_eka_infer
+
+        engine = build_eka_infer(agent_config(args), config, mesh, eka_infer_initial_k(args))
+    else:
+        engine = build_engine(agent_config(args), config, mesh, evaluation=True)
     gold_corpus, encoder = None, None
     examples = [ex for exs in datasets.values() for ex in exs]
     if args.rs_encoder != "none" and any(ex.supporting_ids for ex in examples):
