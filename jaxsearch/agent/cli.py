@@ -77,12 +77,25 @@ def add_agent_arguments(p: argparse.ArgumentParser, checkpoint_required: bool = 
     retrieval.add_argument(
         "--initial-corpus", default="", help="EKA: P0 from this corpus instead (noisy-P0 ablation)"
     )
-    retrieval.add_argument("--initial-index", default="", help="EKA: BM25 index of --initial-corpus")
+    retrieval.add_argument(
+        "--initial-retriever",
+        default="bm25",
+        choices=["bm25", "dense"],
+        help="EKA: how P0 is searched in --initial-corpus (dense: with --encoder, default e5)",
+    )
+    retrieval.add_argument(
+        "--initial-index", default="", help="EKA: index of --initial-corpus from build_index.py (BM25 or FAISS)"
+    )
     return agent, retrieval
 
 
 def finish_agent_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The parsed arguments with the checkpoint, tokenizer JSON and retrieval paths made absolute."""
+    """The parsed arguments with the checkpoint, tokenizer JSON and retrieval paths made absolute; a
+    SystemExit naming the flag when --initial-retriever / --initial-index come without --initial-corpus."""
+    if not args.initial_corpus:
+        given = {"--initial-retriever": args.initial_retriever != "bm25", "--initial-index": args.initial_index}
+        for flag in (f for f, on in given.items() if on):
+            raise SystemExit(f"{flag} searches --initial-corpus for P0: give --initial-corpus too")
     for key in ("checkpoint", "corpus", "index", "initial_corpus", "initial_index"):
         if getattr(args, key):
             setattr(args, key, os.path.abspath(getattr(args, key)))
@@ -112,8 +125,10 @@ def agent_config(args):
     encoder = args.encoder or ("e5" if args.retriever == "dense" else None)
     retriever = RetrieverConfig(args.retriever, args.corpus or None, args.index or None, args.url or None, encoder)
     initial = None
-    if args.initial_corpus:  # EKA's noisy-P0 ablation: P0 from another corpus, by BM25
-        initial = RetrieverConfig("bm25", args.initial_corpus, args.initial_index or None, None, None)
+    if args.initial_corpus:  # EKA's noisy-P0 ablation: P0 from another corpus, by BM25 or a dense encoder
+        kind = args.initial_retriever
+        initial_encoder = (args.encoder or "e5") if kind == "dense" else None
+        initial = RetrieverConfig(kind, args.initial_corpus, args.initial_index or None, None, initial_encoder)
     rollout = RolloutConfig(
         max_turns=args.max_turns,
         retrieval_k=args.topk,

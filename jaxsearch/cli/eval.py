@@ -183,6 +183,8 @@ def settings(args) -> dict:
         out["initial_k"] = None
     if args.builtin_prompt:  # recorded only when set: run.json files written before the option still match
         out["builtin_prompt"] = True
+    if args.initial_retriever != "bm25":  # likewise (recorded only when not the default)
+        out["initial_retriever"] = args.initial_retriever
     if args.dataset_url:  # likewise
         out["dataset_url"] = args.dataset_url
     if args.sample == "random":  # likewise
