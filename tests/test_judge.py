@@ -246,13 +246,33 @@ def random_params(config, seed=0):
     return jax.tree_util.tree_map_with_path(fill, shapes)
 
 
+def _eos_test_params(config, tok, ids):
+    """Random params (seeds 0, 1, ...) whose eos logit is 1.1x token t's, t chosen so that greedy rows differ, and
+    some stop at eos (where they would write t) while others run to MAX_NEW: checked with `generate`."""
+    for seed in range(8):
+        base = random_params(config, seed)
+        written = [set(n) for n in generate(config, base, ids, MAX_NEW)]
+        # a token some rows write and others never do: those rows may stop early, the others cannot
+        for t in sorted(set.union(*written) - set.intersection(*written) - {tok.eos_id}):
+            params = jax.tree_util.tree_map(np.copy, base)
+            params["lm_head"][:, tok.eos_id] = 1.1 * params["lm_head"][:, t]
+            new = generate(config, params, ids, MAX_NEW, stop=[tok.eos_id])
+            lengths = [len(n) for n in new]
+            if min(lengths) < MAX_NEW and max(lengths) == MAX_NEW and len({tuple(n) for n in new}) == len(new):
+                return params
+    raise AssertionError("no random params give distinct rows that stop at eos beside rows that run to the budget")
+
+
 @pytest.fixture(scope="module")
 def tiny():
-    """A tiny random Qwen2 whose eos logit is 1.1x token 46's: rows stop at eos where they would write 46."""
+    """A tiny random Qwen2 (`_eos_test_params`) whose greedy rows differ, some stopping at eos, some at the budget."""
     tok = WordTokenizer.build(TEXTS)
     config = tiny_qwen2_config(tok.vocab_size, num_hidden_layers=2)
-    params = random_params(config)
-    params["lm_head"][:, tok.eos_id] = 1.1 * params["lm_head"][:, 46]
+    ids = [
+        tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), allow_special=True)
+        for c in CONVERSATIONS
+    ]
+    params = _eos_test_params(config, tok, ids)
     model = J.LocalChatModel(config, params, tok, cache_len=96, max_new_tokens=MAX_NEW, batch_size=4)
     return tok, config, params, model
 
