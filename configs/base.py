@@ -67,6 +67,10 @@ def get_config() -> ml_collections.ConfigDict:
         # deadline training stops with an error, the checkpoints already written kept
         deadline_s=30.0,
         attempt_timeout_s=15.0,
+        # SOAR's "w/ disturb" training (seed 001, Tables 5-6): this share of each search's passages replaced by
+        # passages for another training question, in training rollouts only (retrieval/disturb.py); 0: off
+        disturb_rate=0.0,
+        disturb_seed=0,
     )
     c.initial_retriever = dict(kind="", corpus="", index="", url="", encoder="")  # kind "": same as above
 

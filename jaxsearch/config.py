@@ -92,6 +92,10 @@ class RetrieverConfig:
     # (retrieval/client.py RemoteRetriever); then training stops, its checkpoints kept
     deadline_s: float = 30.0
     attempt_timeout_s: float = 15.0
+    # SOAR's "w/ disturb" (Tables 5-6): this share of each search's passages replaced by a donor question's,
+    # in training rollouts only, deterministic in disturb_seed (retrieval/disturb.py); 0: off
+    disturb_rate: float = 0.0
+    disturb_seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,6 +436,7 @@ _CHECKS = {
     "rollout.eval_temperature": (lambda v: v >= 0, ">= 0"),
     "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.eval_top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "retriever.disturb_rate": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 
 

@@ -3,6 +3,7 @@ initial_retriever and rollout sections, or launch/eval.py's command line).
 
     engine = build_engine(cfg, model_config, mesh)                  # training rollouts
     eval_engine = for_evaluation(engine, cfg.rollout)                # eval sampling and top-k, same parts
+    engine = with_disturbance(engine, cfg.retriever, questions)      # SOAR's "w/ disturb" (training only)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from jaxsearch.agent.engine import AgentEngine
 from jaxsearch.agent.protocols import get_protocol
 from jaxsearch.config import AgentConfig, RunConfig
 from jaxsearch.models.spans import default_buckets
+from jaxsearch.retrieval.disturb import DisturbedRetriever, undisturbed
 from jaxsearch.retrieval.factory import make_retriever
 from jaxsearch.retrieval.host_split import HostSplitRetriever
 
@@ -99,10 +101,22 @@ def build_engine(cfg: AgentConfig | RunConfig, model_config, mesh, evaluation: b
 def for_evaluation(engine: AgentEngine, rollout) -> AgentEngine:
     """The same agent (tokenizer, retrievers, compiled functions) with the evaluation's sampler
     (eval_temperature, eval_top_p) and top-k (eval_retrieval_k), turn cap (eval_max_turns) and tokens per
-    decode call (eval_max_segment_tokens) of `rollout` (a `config.RolloutConfig`)."""
+    decode call (eval_max_segment_tokens) of `rollout` (a `config.RolloutConfig`); its retriever searches
+    undisturbed (`with_disturbance` is for training only)."""
     limits = engine.limits.replace(
         retrieval_k=rollout.eval_retrieval_k,
         max_turns=rollout.eval_max_turns or rollout.max_turns,
         max_segment_tokens=rollout.eval_max_segment_tokens or rollout.max_segment_tokens,
     )
-    return engine.replace(sampler=engine.internal_sampler, limits=limits)
+    return engine.replace(
+        sampler=engine.internal_sampler, limits=limits, retriever=undisturbed(engine.retriever)
+    )
+
+
+def with_disturbance(engine: AgentEngine, rcfg, donors) -> AgentEngine:
+    """The training engine whose searches replace `rcfg.disturb_rate` of their passages by passages for one of
+    `donors` (the training questions; `retrieval.disturb`, SOAR's Tables 5-6); `engine` itself at rate 0."""
+    if not rcfg.disturb_rate:
+        return engine
+    retriever = DisturbedRetriever(engine.retriever, rcfg.disturb_rate, rcfg.disturb_seed, donors)
+    return engine.replace(retriever=retriever)

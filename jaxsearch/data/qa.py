@@ -13,6 +13,9 @@ Accepted rows (one file per split, e.g. `nq/test.jsonl`):
   protocol. A merged Search-R1 test set repeats ids across data sources: an example is identified by
   (`data_source`, `id`) (`QAExample.key`).
 
+- ASQA (FlashRAG's long-form QA): a FlashRAG row whose `metadata.qa_pairs` holds the question's readings with
+  their `short_answers` (checked here; `data.asqa` reads them for SOAR's Table 10 F1).
+
 - Graph-R1 (LHRLAB/Graph-R1 `script_process.py` reads `datasets/NAME/raw/qa_{train,dev,test}.json`): one JSON
   array per split of `{"question", "golden_answers", "context"}`; `context` (the gold passages, a list of strings
   or one string) is kept deduplicated in `metadata["context"]` (R-S's gold text, as EKA's `compute_rs.py`
@@ -39,7 +42,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
-from jaxsearch.data import tfds_source
+from jaxsearch.data import asqa, tfds_source
 from jaxsearch.data.qa_example import QADataError, QAExample, Regex
 from jaxsearch.data.search_r1_prompt import SEARCH_R1_PROMPT
 
@@ -70,6 +73,8 @@ def example_from_dict(row: dict, where: str, regex_answers: bool = False) -> QAE
         raise QADataError(f"{where}: field 'id' must be a string or integer, got {example_id!r}")
     if not isinstance(question, str) or not question.strip():
         raise QADataError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
+    if "qa_pairs" in metadata:  # ASQA: its readings' short answers, what Table 10's F1 reads (data/asqa.py)
+        asqa.check_qa_pairs(metadata["qa_pairs"], where)
     supporting = metadata.get("supporting_ids")
     prompt = row.get("prompt")
     answers = _string_list(answers, "golden_answers", where, allow_empty=False)

@@ -7,8 +7,8 @@
 Files in `out_dir`:
 
     NAME.jsonl    one record per example, appended a batch at a time: id, question, golden_answers,
-                  prediction, metrics, turns, searches, truncated, response, initial_doc_ids (EKA's P0),
-                  doc_ids (per search), and the token row: tokens, loss_mask, segment_ids, entropy
+                  prediction, metrics, turns, searches, truncated, policy_tokens, response, initial_doc_ids
+                  (EKA's P0), doc_ids (per search), and the token row: tokens, loss_mask, segment_ids, entropy
                   (prompt + response, unpadded; prompt_length marks where the response starts)
     summary.json  {"datasets": {NAME: metrics}, "data_sources": {NAME: {SOURCE: metrics}},
                   "average": metrics}, computed from the NAME.jsonl files; "data_sources" breaks a dataset whose examples carry
@@ -37,6 +37,8 @@ Metrics per example (`record["metrics"]`):
                     None without gold passages or without rs_encoder; 0.0 without retrieved passages
     fabrication     SOAR's judge (`judge`, shown E_ext only): 1 fabricated, 0 grounded; None unparseable
                     or no judge
+    asqa_f1         SOAR's Table 10 F1 on ASQA: the F1 above against the short answers of every reading of the
+                    question (`data.asqa.short_answers`); only for a row with ASQA's `qa_pairs`
 
 A dataset may be searched in its own corpus (`retrievers`, e.g. R-Search's per-dataset servers from
 `config.data.eval_retrievers` via `dataset_urls`); the others use the engine's retriever.
@@ -44,7 +46,9 @@ A dataset may be searched in its own corpus (`retrievers`, e.g. R-Search's per-d
 Per dataset: n, the means of em / f1 / sub_em / recall / turns / searches / finish_ratio / truncated, acc (over
 the records that have it), rs and fabrication_rate over their non-None values (None if there are none, with
 rs_n / fabrication_n counted), the fabrication rate among answer-correct (EM 1) and answer-wrong examples (SOAR's Table 4: fabrication_rate/correct,
-fabrication_rate/wrong), and
+fabrication_rate/wrong), asqa_f1 over its non-None values (asqa_f1_n counted; a results.md column only
+when some row has it), the token cost (`token_cost`: SOAR's Table 11, response tokens per turn;
+`policy_tokens_per_turn`: the policy's own), and
 the entropy of the policy's tokens, overall and per segment type (`entropy/think`, ...), token-weighted. The
 average row is the mean over datasets of each metric (skipping None) and the total n.
 """
@@ -62,6 +66,7 @@ from tqdm import tqdm
 from jaxsearch.agent import segments
 from jaxsearch.agent.engine import AgentEngine
 from jaxsearch.agent.protocols import GraphR1Protocol, knowledge_lines
+from jaxsearch.data import asqa
 from jaxsearch.data.qa import QAExample
 from jaxsearch.scoring import metrics as qa_metrics
 from jaxsearch.eval.retrieval_similarity import RetrievalSimilarity
@@ -84,8 +89,11 @@ TABLE_COLUMNS = (  # (summary key, header)
     ("fabrication_rate", "fabrication"),
     ("fabrication_rate/correct", "fabrication (EM 1)"),
     ("fabrication_rate/wrong", "fabrication (EM 0)"),
+    ("token_cost", "token cost"),
+    ("policy_tokens_per_turn", "policy tokens/turn"),
     ("entropy", "entropy"),
 )
+OPTIONAL_COLUMNS = (("asqa_f1", "F1 (ASQA short)"),)  # shown when a row has a value
 
 
 class EvalError(ValueError):
@@ -187,6 +195,10 @@ def run_batch(
         gold.append(gold_passages(ex, gold_corpus))
         prediction = traj.answers[i]
         length = int(traj.attention_mask[i].sum())
+        short = asqa.short_answers(ex)  # ASQA: Table 10's F1 reads its readings' short answers
+        asqa_f1 = {} if short is None else {
+            "asqa_f1": qa_metrics.f1_score(prediction or "", short, engine.protocol.f1_special_answers)
+        }
         records.append(
             {
                 "id": ex.id,
@@ -204,10 +216,12 @@ def run_batch(
                     "recall": recall,
                     "rs": None,
                     "fabrication": fabrication[i],
+                    **asqa_f1,
                 },
                 "turns": int(traj.turns[i]),
                 "searches": int(traj.searches[i]),
                 "truncated": bool(traj.truncated[i]),
+                "policy_tokens": int(traj.policy_tokens[i]),
                 "response": traj.responses[i],
                 "initial_doc_ids": [d.id for d in traj.initial_docs[i]],
                 "doc_ids": [[d.id for d in docs] for docs in traj.docs[i]],
@@ -331,7 +345,7 @@ def summarize(records: Sequence[dict]) -> dict:
         out[key] = float(np.mean(values)) if values else None
     acc = [r["metrics"]["acc"] for r in records if "acc" in r["metrics"]]  # records written before Acc lack it
     out["acc"] = float(np.mean(acc)) if acc else None
-    for key, name in (("rs", "rs"), ("fabrication", "fabrication_rate")):
+    for key, name in (("rs", "rs"), ("fabrication", "fabrication_rate"), ("asqa_f1", "asqa_f1")):
         values = [r["metrics"][key] for r in records if r["metrics"].get(key) is not None]
         out[name] = float(np.mean(values)) if values else None
         out[f"{key}_n"] = len(values)
@@ -349,10 +363,26 @@ def summarize(records: Sequence[dict]) -> dict:
     total = sum(float(e[m].sum()) for e, _, m in policy)
     count = sum(int(m.sum()) for _, _, m in policy)
     out["entropy"] = total / count if count else None
+    out.update(token_cost(records))
     for name, sid in segments.SEGMENT_IDS.items():
         count = sum(int((m & (s == sid)).sum()) for _, s, m in policy)
         if count:
             out[f"entropy/{name}"] = sum(float(e[m & (s == sid)].sum()) for e, s, m in policy) / count
+    return out
+
+
+def token_cost(records: Sequence[dict]) -> dict:
+    """SOAR's Table 11 "Token Cost", "the average output tokens per reasoning turn, encompassing both
+    information and thinking content": the response's tokens (after the prompt: the policy's, and the
+    observations and hints it read) over all the records' turns (decode segments), i.e. the mean over turns,
+    not over examples; and `policy_tokens_per_turn`, the policy's own sampled tokens likewise. Each is None
+    without turns or when a record lacks its field (`tokens`, `policy_tokens`: records of older versions)."""
+    turns = sum(int(r["turns"]) for r in records)
+    out = {"token_cost": None, "policy_tokens_per_turn": None}
+    if turns and all("tokens" in r for r in records):
+        out["token_cost"] = sum(len(r["tokens"]) - int(r["prompt_length"]) for r in records) / turns
+    if turns and all("policy_tokens" in r for r in records):
+        out["policy_tokens_per_turn"] = sum(int(r["policy_tokens"]) for r in records) / turns
     return out
 
 
@@ -366,7 +396,7 @@ def _metric(record: dict, key: str) -> float:
 
 def average(per_dataset: dict[str, dict]) -> dict:
     """The mean over datasets of each metric (None values skipped), and the total n."""
-    keys = sorted({k for s in per_dataset.values() for k in s} - {"n", "rs_n", "fabrication_n"})
+    keys = sorted({k for s in per_dataset.values() for k in s} - {"n", "rs_n", "fabrication_n", "asqa_f1_n"})
     out: dict = {"n": sum(s["n"] for s in per_dataset.values())}
     for key in keys:
         values = [s[key] for s in per_dataset.values() if s.get(key) is not None]
@@ -401,7 +431,8 @@ def markdown_table(summary: dict) -> str:
     segment_keys = [
         f"entropy/{s}" for s in segments.SEGMENT_IDS if any(f"entropy/{s}" in r for r in rows.values())
     ]
-    columns = list(TABLE_COLUMNS) + [(k, k) for k in segment_keys]
+    optional = [(k, h) for k, h in OPTIONAL_COLUMNS if any(r.get(k) is not None for r in rows.values())]
+    columns = list(TABLE_COLUMNS) + optional + [(k, k) for k in segment_keys]
     lines = [
         "| dataset | " + " | ".join(h for _, h in columns) + " |",
         "|---|" + "---:|" * len(columns),

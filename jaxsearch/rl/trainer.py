@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from jaxsearch import checkpoint, parallel
 from jaxsearch.models import orbax_io, peft_io
-from jaxsearch.agent.build import build_engine, for_evaluation
+from jaxsearch.agent.build import build_engine, for_evaluation, with_disturbance
 from jaxsearch.config import RunConfig
 from jaxsearch.data import qa
 from jaxsearch.scoring.episodes import heldout_metrics, score_rollout
@@ -92,6 +92,8 @@ def _train(cfg, workdir: str, progress: bool) -> dict:
     config, params = load_policy(cfg.model, cfg.seed, mesh)
     engine = build_engine(cfg, config, mesh)
     eval_engine = for_evaluation(engine, cfg.rollout)  # the same agent, the evaluation's sampling
+    # SOAR's "w/ disturb" (retriever.disturb_rate > 0): training rollouts only, donors the training questions
+    engine = with_disturbance(engine, cfg.retriever, [e.question for e in train_examples])
     held_out, judge = eval_sets(cfg.data), judge_lib.chat_judge(cfg.judge)
     reward_fn = judge_lib.reward_fn_from_config(cfg)
     algo = make_algorithm(cfg, config, mesh)
