@@ -33,8 +33,8 @@ P0 = ["Jaws is a 1975 film.", "Steven Spielberg directed Jaws."]
 
 # ------------------------------------------------------------------------------------------- their text
 
-# build_system_prompt(QUESTION, [])  (also what it returns for [""]: the P0 lines join to "")
-PROMPT_NO_P0 = (
+# build_system_prompt(QUESTION, ...): the instruction and question every case below starts with
+THEIR_HEAD = (
     "<|im_start|>system\n"
     "Answer the given question.\n"
     "You must always first do your reasoning inside <think>...</think>.\n"
@@ -65,41 +65,14 @@ PROMPT_NO_P0 = (
     "</answer>\n"
     "\n"
     "Question: Who directed Jaws?\n"
+)
+# build_system_prompt(QUESTION, [])  (also what it returns for [""]: the P0 lines join to "")
+PROMPT_NO_P0 = THEIR_HEAD + (
     "<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
 # build_system_prompt(QUESTION, P0)
-PROMPT_P0 = (
-    "<|im_start|>system\n"
-    "Answer the given question.\n"
-    "You must always first do your reasoning inside <think>...</think>.\n"
-    "If you need external information, after finishing a <think> block you may call the search "
-    "tool by outputting a <query>...</query> block that contains a JSON object with a single "
-    'field "query".\n'
-    "The environment will execute the search and return the top results wrapped in "
-    "<knowledge>...</knowledge>. You can repeat this process and call the tool multiple times.\n"
-    "When you have enough information to answer, stop calling the tool and output your final "
-    "reasoning in <think>...</think> followed by the final answer in <answer>...</answer>.\n"
-    "\n"
-    "Output format for tool call:\n"
-    "<think>\n"
-    "...\n"
-    "</think>\n"
-    "<query>\n"
-    "{\n"
-    '  "query": "..."\n'
-    "}\n"
-    "</query>\n"
-    "\n"
-    "Output format for answer:\n"
-    "<think>\n"
-    "...\n"
-    "</think>\n"
-    "<answer>\n"
-    "...\n"
-    "</answer>\n"
-    "\n"
-    "Question: Who directed Jaws?\n"
+PROMPT_P0 = THEIR_HEAD + (
     "\n"
     "The following initial knowledge may be useful. It is given to you before any tool calls "
     "and is wrapped in <knowledge> tags.\n"
@@ -111,37 +84,7 @@ PROMPT_P0 = (
     "<|im_start|>assistant\n"
 )
 # build_system_prompt(QUESTION, ["", ""]): the lines join to "\n", so the block is there, empty
-PROMPT_TWO_EMPTY = (
-    "<|im_start|>system\n"
-    "Answer the given question.\n"
-    "You must always first do your reasoning inside <think>...</think>.\n"
-    "If you need external information, after finishing a <think> block you may call the search "
-    "tool by outputting a <query>...</query> block that contains a JSON object with a single "
-    'field "query".\n'
-    "The environment will execute the search and return the top results wrapped in "
-    "<knowledge>...</knowledge>. You can repeat this process and call the tool multiple times.\n"
-    "When you have enough information to answer, stop calling the tool and output your final "
-    "reasoning in <think>...</think> followed by the final answer in <answer>...</answer>.\n"
-    "\n"
-    "Output format for tool call:\n"
-    "<think>\n"
-    "...\n"
-    "</think>\n"
-    "<query>\n"
-    "{\n"
-    '  "query": "..."\n'
-    "}\n"
-    "</query>\n"
-    "\n"
-    "Output format for answer:\n"
-    "<think>\n"
-    "...\n"
-    "</think>\n"
-    "<answer>\n"
-    "...\n"
-    "</answer>\n"
-    "\n"
-    "Question: Who directed Jaws?\n"
+PROMPT_TWO_EMPTY = THEIR_HEAD + (
     "\n"
     "The following initial knowledge may be useful. It is given to you before any tool calls "
     "and is wrapped in <knowledge> tags.\n"
