@@ -38,9 +38,9 @@ def flax_init(config, rng):
     return qwen2.nn.meta.unbox(qwen2.Qwen2(config).init(rng, dummy, method=qwen2.Qwen2.init_all)["params"])
 
 
-def timed(fn, config, out_shardings=None):
-    """(compile s, run s) of jit(fn(config, key)), or the compiled program's memory analysis when abstract."""
-    jitted = jax.jit(lambda k: fn(config, k), out_shardings=out_shardings)
+def timed(fn, config):
+    """(compile s, run s) of jit(fn(config, key))."""
+    jitted = jax.jit(lambda k: fn(config, k))
     start = time.perf_counter()
     compiled = jitted.lower(jax.random.PRNGKey(0)).compile()
     compile_s = time.perf_counter() - start

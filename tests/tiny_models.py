@@ -2,6 +2,7 @@
 repeated in every file."""
 
 import jax
+import numpy as np
 
 from jaxsearch.models import qwen2
 
@@ -31,8 +32,6 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> qwen2.Qwen2Config:
 def numpy_logprobs(config, params, tokens, attn, temperature=1.0):
     """log p(tokens[b, t] | tokens[b, :t]) from the model's logits (jitted forward) by a float64 numpy
     log-softmax: [B, T], 0 at t = 0."""
-    import numpy as np
-
     logits = np.asarray(FORWARD(config, params, tokens, attn), np.float64)
     logits = logits / temperature
     logp = logits - logits.max(-1, keepdims=True)

@@ -87,28 +87,20 @@ def _layer_to_params(config, get: Callable[[str], np.ndarray], i: int) -> dict:
     e, h, k, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
     p = f"model.layers.{i}."
     g = h // k
-    # [K, G + 2, D, E]: kv head j's G query heads (transformers' q heads j*G .. j*G+G-1), its k, its v
-    qkv_w = np.concatenate(
-        [
-            get(p + "self_attn.q_proj.weight").reshape(k, g, d, e),
-            get(p + "self_attn.k_proj.weight").reshape(k, 1, d, e),
-            get(p + "self_attn.v_proj.weight").reshape(k, 1, d, e),
-        ],
-        axis=1,
-    )
+
+    def fused_qkv(suffix: str, *tail: int) -> np.ndarray:
+        """q_proj, k_proj, v_proj's `suffix` tensors as [K, G + 2, D, *tail]: kv head j's G query heads
+        (transformers' q heads j*G .. j*G+G-1), its k, its v."""
+        heads = {"q": g, "k": 1, "v": 1}
+        parts = [get(p + f"self_attn.{n}_proj.{suffix}").reshape(k, heads[n], d, *tail) for n in "qkv"]
+        return np.concatenate(parts, axis=1)
+
     attn = {
-        "qkv_kernel": qkv_w.transpose(3, 0, 1, 2),
+        "qkv_kernel": fused_qkv("weight", e).transpose(3, 0, 1, 2),
         "o_kernel": get(p + "self_attn.o_proj.weight").reshape(e, h, d).transpose(1, 2, 0),
     }
     if config.qkv_bias:
-        attn["qkv_bias"] = np.concatenate(
-            [
-                get(p + "self_attn.q_proj.bias").reshape(k, g, d),
-                get(p + "self_attn.k_proj.bias").reshape(k, 1, d),
-                get(p + "self_attn.v_proj.bias").reshape(k, 1, d),
-            ],
-            axis=1,
-        )
+        attn["qkv_bias"] = fused_qkv("bias")
     if config.qk_norm:
         attn.update({f"{n}_norm": {"scale": get(p + f"self_attn.{n}_norm.weight")} for n in "qk"})
     return {
@@ -128,26 +120,29 @@ def _layer_to_hf(config, layer: dict, i: int) -> dict[str, np.ndarray]:
     e, h, k, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
     p = f"model.layers.{i}."
     a, m = layer["attn"], layer["mlp"]
-    g = h // k
-    qkv = a["qkv_kernel"].transpose(1, 2, 3, 0)  # [K, G + 2, D, E]
+    q, k_w, v = _split_qkv(a["qkv_kernel"].transpose(1, 2, 3, 0), h // k)  # from [K, G + 2, D, E]
     out = {
         p + "input_layernorm.weight": layer["input_norm"]["scale"],
         p + "post_attention_layernorm.weight": layer["post_attn_norm"]["scale"],
-        p + "self_attn.q_proj.weight": qkv[:, :g].reshape(h * d, e),
-        p + "self_attn.k_proj.weight": qkv[:, g].reshape(k * d, e),
-        p + "self_attn.v_proj.weight": qkv[:, g + 1].reshape(k * d, e),
+        p + "self_attn.q_proj.weight": q,
+        p + "self_attn.k_proj.weight": k_w,
+        p + "self_attn.v_proj.weight": v,
         p + "self_attn.o_proj.weight": a["o_kernel"].transpose(2, 0, 1).reshape(e, h * d),
         p + "mlp.gate_proj.weight": m["gate_up_kernel"][:, 0].T,
         p + "mlp.up_proj.weight": m["gate_up_kernel"][:, 1].T,
         p + "mlp.down_proj.weight": m["down_kernel"].T,
     }
     if config.qkv_bias:
-        bias = a["qkv_bias"]  # [K, G + 2, D]
-        out[p + "self_attn.q_proj.bias"] = bias[:, :g].reshape(h * d)
-        out.update({p + f"self_attn.{n}_proj.bias": bias[:, g + j].reshape(k * d) for j, n in enumerate("kv")})
+        out.update({p + f"self_attn.{n}_proj.bias": b for n, b in zip("qkv", _split_qkv(a["qkv_bias"], h // k))})
     if config.qk_norm:
         out.update({p + f"self_attn.{n}_norm.weight": a[f"{n}_norm"]["scale"] for n in "qk"})
     return out
+
+
+def _split_qkv(fused: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v of a fused [K, G + 2, D, ...] array, each as transformers' [heads * D, ...]."""
+    tail = fused.shape[3:]
+    return tuple(part.reshape(-1, *tail) for part in (fused[:, :g], fused[:, g], fused[:, g + 1]))
 
 
 _ST_DTYPES = {
