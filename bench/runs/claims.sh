@@ -1,0 +1,39 @@
+#!/bin/bash
+# The claims' runs (bench/claims.py): the six configs of its comparisons over seeds 0-2, by two
+# workers each pinned to one core (the tiny model's steps are XLA:CPU per-op overhead, so two one-core runs finish
+# sooner than two two-core runs in a row). Each runs the code of REV in a worktree under $OUT; a run finished
+# under $OUT or recorded in bench/runs/claims/seeds.csv is skipped and a stopped one resumes, so a stopped queue,
+# or another machine's, continues where the last one was:
+#   REV=$(git rev-parse --short HEAD) OUT=/tmp/claims setsid nohup bench/runs/claims.sh > /tmp/claims.out 2>&1 &
+# then fold the finished runs into the record git keeps (what other machines ran is kept):
+#   python bench/claims.py --runs $OUT/out --commit $REV --record bench/runs/claims
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/claims}
+REV=${REV:-$(git -C "$ROOT" rev-parse --short HEAD)}
+SRC=$OUT/src_$REV
+RECORD=$ROOT/bench/runs/claims/seeds.csv
+# config by config, cheapest comparisons first: EKA and R-Search against Search-R1 (~25-40 min a run on one core),
+# then SOAR and the Graph-R1 setting (1.5-3 h a run)
+CONFIGS="tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_soar tiny_cpu_graphr1 tiny_cpu_eka_graphr1"
+mkdir -p "$OUT/out"
+[ -d "$SRC" ] || git -C "$ROOT" worktree add -q "$SRC" "$REV"
+worker() {  # CORE
+  for cfg in $CONFIGS; do
+    for seed in 0 1 2; do
+      (  # a run held by the other worker is skipped; the lock dies with its holder
+        flock -n 9 || exit 0
+        [ -d "$OUT/out/$cfg/seed$seed/grpo/params" ] && exit 0
+        grep -q "^$cfg,$seed," "$RECORD" 2>/dev/null && exit 0  # recorded by an earlier machine
+        echo "$(date +%T) core$1 start $cfg seed$seed" >> "$OUT/queue.log"
+        (cd "$SRC" && PYTHONPATH=$SRC taskset -c "$1" python bench/tiny_world.py --configs "configs/$cfg.py" \
+          --seeds "$seed" --out "$OUT/out") > "$OUT/log.$cfg.$seed" 2>&1
+        echo "$(date +%T) core$1 end rc=$? $cfg seed$seed" >> "$OUT/queue.log"
+      ) 9> "$OUT/lock.$cfg.$seed"
+    done
+  done
+}
+worker 0 &
+worker 1 &
+wait
+echo "$(date +%T) all done" >> "$OUT/queue.log"
