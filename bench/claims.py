@@ -1,6 +1,7 @@
 """The seeds' central claims in miniature: each method against its backbone on the tiny world, over seeds, as
 mean ± 95% CI per config (Student t over seeds) and the method's difference from its backbone with a 95% CI
-(Welch's t), beside the direction its paper reports; one plot panel per claimed metric.
+(Welch's t), beside the direction its paper reports, and the seeds per config that would settle the observed
+difference (80% power at the observed seed variance); one plot panel per claimed metric.
 
     bench/runs/claims.sh                                              # the runs: 6 configs x seeds 0-2
     python bench/claims.py --runs /tmp/claims/out --record bench/runs/claims   # fold them in, table, plot
@@ -42,10 +43,10 @@ class Comparison:
 
 EKA_CLAIMS = (
     Claim("f1_last", "F1", +1, "EKA Table 4 / Table 2"),
-    Claim("turns", "turns", -1, "EKA §6.2, Table 6 (about one turn fewer)"),
+    Claim("turns", "turns", -1, "EKA §6.2, Table 6: about one turn fewer"),
     Claim("h_think", "H think", -1, "EKA §6.1, Figure 3"),
     Claim("h_search", "H search", -1, "EKA §6.1, Figure 3"),
-    Claim("h_answer", "H answer", 0, "EKA Figure 3 (plotted, no direction claimed)"),
+    Claim("h_answer", "H answer", 0, "EKA Figure 3 plots it, §6.1 claims think and search"),
 )
 COMPARISONS = (
     Comparison("EKA vs Search-R1 (Search-R1 setting)", "tiny_cpu_eka", "tiny_cpu", EKA_CLAIMS),
@@ -98,6 +99,22 @@ def diff_ci(a: list[float], b: list[float], level: float = 0.95) -> tuple[float,
     return diff, t_quantile(df, level) * math.sqrt(se2)
 
 
+def seeds_to_settle(a: list[float], b: list[float], power: float = 0.8, level: float = 0.95) -> float:
+    """Seeds per config for a two-sided `level` test to find the observed difference with `power`, at the
+    observed seed-to-seed variance (normal approximation: 2 (z_level + z_power)^2 s^2 / d^2, s^2 the mean of
+    the two variances); inf when the means are equal, nan with fewer than two seeds of either."""
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    from scipy import stats
+
+    d = statistics.fmean(a) - statistics.fmean(b)
+    var = (statistics.variance(a) + statistics.variance(b)) / 2
+    if d == 0:
+        return float("inf")
+    z = stats.norm.ppf(0.5 + level / 2) + stats.norm.ppf(power)
+    return float(math.ceil(2 * z**2 * var / d**2))
+
+
 def verdict(sign: int, diff: float, half: float) -> str:
     """How the difference stands against the paper's direction."""
     if sign == 0:
@@ -144,11 +161,16 @@ def fmt(mean: float, half: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
+def settle(a: list[float], b: list[float]) -> str:
+    n = seeds_to_settle(a, b)
+    return "n/a" if math.isnan(n) else "never" if math.isinf(n) else str(int(n))
+
+
 def table(record: list[dict]) -> str:
     """One row per claimed metric: backbone and method as mean ± 95% CI, the difference with its Welch CI."""
     lines = [
-        "| comparison | metric | backbone | method | method - backbone | paper | verdict | seeds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| comparison | metric | backbone | method | method - backbone | paper | verdict | seeds | seeds to settle |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for comp in COMPARISONS:
         for claim in comp.claims:
@@ -157,22 +179,30 @@ def table(record: list[dict]) -> str:
             if not a or not b:
                 continue
             diff, half = diff_ci(a, b)
-            paper = {1: "higher", -1: "lower", 0: "-"}[claim.sign] + f" ({claim.source})"
+            paper = {1: "higher", -1: "lower", 0: "no direction"}[claim.sign] + f" ({claim.source})"
             lines.append(
                 f"| {comp.name} | {claim.label} | {fmt(*mean_ci(b))} | {fmt(*mean_ci(a))} | {fmt(diff, half)} | "
-                f"{paper} | {verdict(claim.sign, diff, half)} | {len(a)} / {len(b)} |"
+                f"{paper} | {verdict(claim.sign, diff, half)} | {len(a)} / {len(b)} | {settle(a, b)} |"
             )
     return "\n".join(lines)
 
 
 def plot(record: list[dict], out_png: str) -> None:
-    """One panel per (comparison, claimed metric): each seed's value as a dot, the mean with its 95% CI."""
+    """One panel per (comparison, claimed metric) with runs of both configs: each seed's value as a dot, the
+    mean with its 95% CI; nothing is written while no comparison has both."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(comp, claim) for comp in COMPARISONS for claim in comp.claims]
+    panels = [
+        (comp, claim)
+        for comp in COMPARISONS
+        for claim in comp.claims
+        if values(record, comp.method, claim.column) and values(record, comp.backbone, claim.column)
+    ]
+    if not panels:
+        return
     cols = 5
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)

@@ -34,6 +34,15 @@ def test_diff_ci_matches_scipy_welch():
         assert half == pytest.approx((high - low) / 2, rel=1e-9)
 
 
+def test_seeds_to_settle_hand_computed():
+    # d = 1, both variances 1: 2 (z_0.975 + z_0.8)^2 = 2 (1.959964 + 0.841621)^2 = 15.70 -> 16 seeds
+    assert claims.seeds_to_settle([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]) == 16
+    # half the difference: four times the seeds (62.8 -> 63)
+    assert claims.seeds_to_settle([0.5, 1.5, 2.5], [0.0, 1.0, 2.0]) == 63
+    assert math.isinf(claims.seeds_to_settle([1.0, 2.0], [2.0, 1.0]))
+    assert math.isnan(claims.seeds_to_settle([1.0], [2.0, 1.0]))
+
+
 def test_verdict():
     assert claims.verdict(+1, 0.1, 0.05) == "paper's way, CI excludes 0"
     assert claims.verdict(+1, 0.1, 0.2) == "paper's way, within CI"
