@@ -42,10 +42,10 @@ class Comparison:
 
 
 EKA_CLAIMS = (
-    Claim("f1_last", "F1", +1, "EKA Table 4 / Table 2"),
-    Claim("turns", "turns", -1, "EKA §6.2, Table 6: about one turn fewer"),
-    Claim("h_think", "H think", -1, "EKA §6.1, Figure 3"),
-    Claim("h_search", "H search", -1, "EKA §6.1, Figure 3"),
+    Claim("f1_last", "F1", +1, "EKA Table 4, Search-R1 setting; Table 2, Graph-R1 setting"),
+    Claim("turns", "turns", -1, "EKA §6.2, Table 6 (Graph-R1): about one turn fewer"),
+    Claim("h_think", "H think", -1, "EKA §6.1, Figure 3 (Graph-R1)"),
+    Claim("h_search", "H search", -1, "EKA §6.1, Figure 3 (Graph-R1)"),
     Claim("h_answer", "H answer", 0, "EKA Figure 3 plots it, §6.1 claims think and search"),
 )
 COMPARISONS = (
@@ -56,15 +56,15 @@ COMPARISONS = (
         "tiny_cpu_soar",
         "tiny_cpu",
         (
-            Claim("fabrication_rate", "fabrication", -1, "SOAR Figure 1(c), Table 4"),
-            Claim("em_last", "EM", +1, "SOAR main results (EM), Table 12 over seeds"),
+            Claim("fabrication_rate", "fabrication", -1, "SOAR Table 4: 16.1% -> 4.1%"),
+            Claim("em_last", "EM", +1, "SOAR Table 5: 0.415 -> 0.448; Table 12 over seeds"),
         ),
     ),
     Comparison(
         "R-Search vs Search-R1",
         "tiny_cpu_rsearch",
         "tiny_cpu",
-        (Claim("f1_last", "F1", +1, "R-Search main results (F1)"),),
+        (Claim("f1_last", "F1", +1, "R-Search §5.1, Table 2"),),
     ),
 )
 CONFIGS = tuple(dict.fromkeys(c for comp in COMPARISONS for c in (comp.backbone, comp.method)))

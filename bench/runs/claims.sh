@@ -5,6 +5,7 @@
 # under $OUT or recorded in bench/runs/claims/seeds.csv is skipped and a stopped one resumes, so a stopped queue,
 # or another machine's, continues where the last one was:
 #   REV=$(git rev-parse --short HEAD) OUT=/tmp/claims setsid nohup bench/runs/claims.sh > /tmp/claims.out 2>&1 &
+# (CONFIGS="tiny_cpu tiny_cpu_eka" SEEDS="3 4" CORES=1: other configs, seeds or cores)
 # then fold the finished runs into the record git keeps (what other machines ran is kept):
 #   python bench/claims.py --runs $OUT/out --commit $REV --record bench/runs/claims
 set -u
@@ -15,12 +16,14 @@ SRC=$OUT/src_$REV
 RECORD=$ROOT/bench/runs/claims/seeds.csv
 # config by config, cheapest comparisons first: EKA and R-Search against Search-R1 (~25-40 min a run on one core),
 # then SOAR and the Graph-R1 setting (1.5-3 h a run)
-CONFIGS="tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_soar tiny_cpu_graphr1 tiny_cpu_eka_graphr1"
+CONFIGS=${CONFIGS:-tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_soar tiny_cpu_graphr1 tiny_cpu_eka_graphr1}
+SEEDS=${SEEDS:-0 1 2}
+CORES=${CORES:-0 1}  # one worker per core
 mkdir -p "$OUT/out"
 [ -d "$SRC" ] || git -C "$ROOT" worktree add -q "$SRC" "$REV"
 worker() {  # CORE
   for cfg in $CONFIGS; do
-    for seed in 0 1 2; do
+    for seed in $SEEDS; do
       (  # a run held by the other worker is skipped; the lock dies with its holder
         flock -n 9 || exit 0
         [ -d "$OUT/out/$cfg/seed$seed/grpo/params" ] && exit 0
@@ -33,7 +36,6 @@ worker() {  # CORE
     done
   done
 }
-worker 0 &
-worker 1 &
+for core in $CORES; do worker "$core" & done
 wait
 echo "$(date +%T) all done" >> "$OUT/queue.log"
