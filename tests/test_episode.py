@@ -292,7 +292,9 @@ def test_decode_slots_give_the_lockstep_episodes(
     if temperature == 0.0:  # a sampled row's key is its row index's, so reordering the rows resamples them
         _assert_same_episodes(engine.rollout(params, questions[::-1], 0), lockstep, order=np.arange(8)[::-1])
     else:
-        assert copies and len(set(map(tuple, lockstep.tokens.tolist()))) == 16  # copied, yet each row its own
+        # copied, yet each row samples with its own key: were a copy to share its twin's key, the 16 rows would
+        # be 8 sequences (two rows of a group may still agree where the tiny model is sure of itself)
+        assert copies and len(set(map(tuple, lockstep.tokens.tolist()))) > 8
     if delay:  # a search ran while a decode call was in flight
         assert any(events[i : i + 3] == ["decode", "search", "fetch"] for i in range(len(events)))
 

@@ -176,9 +176,7 @@ def test_recorded_logprobs_equal_a_fresh_forward(model, temperature):
         ones = np.ones_like(seq[:, :-1])
         logp = LOGPROBS(config, params, seq[:, :-1], ones, seq[:, 1:], temperature=temperature)
         np.testing.assert_allclose(seg.logprobs[b, : len(gen)], np.asarray(logp)[0, len(p) - 1 :], atol=1e-4)
-        logits = (
-            np.asarray(FORWARD(config, params, seq, np.ones_like(seq)), np.float64)[0] / temperature
-        )
+        logits = np.asarray(FORWARD(config, params, seq, np.ones_like(seq)), np.float64)[0] / temperature
         lp = (
             logits
             - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
@@ -208,7 +206,11 @@ def test_top_k_and_top_p_sample_only_allowed_tokens():
     counters = jnp.repeat(jnp.arange(200), 4)
     tk, lpk, _ = S.sample_tokens(logits[rows], keys[rows], counters, S.SamplingParams(1.0, top_k=3))
     tp, _, _ = S.sample_tokens(logits[rows], keys[rows], counters, S.SamplingParams(1.0, top_p=0.6))
-    tk, lpk, tp = np.asarray(tk).reshape(200, 4), np.asarray(lpk).reshape(200, 4), np.asarray(tp).reshape(200, 4)
+    tk, lpk, tp = (
+        np.asarray(tk).reshape(200, 4),
+        np.asarray(lpk).reshape(200, 4),
+        np.asarray(tp).reshape(200, 4),
+    )
     for b in range(4):
         # log-prob under the renormalised top-3 distribution
         z = probs[b, list(top3[b])].sum()
@@ -379,7 +381,9 @@ def test_decode_slots_give_the_samplers_segments(model, steps, smallest_width):
                 parts[slot], occupant[slot] = [], None
                 if waiting:
                     j = waiting.pop(0)
-                    state = slots.insert(params, state, slot, prompts[j], budgets[j], key=jax.random.key_data(keys[j]))
+                    state = slots.insert(
+                        params, state, slot, prompts[j], budgets[j], key=jax.random.key_data(keys[j])
+                    )
                     occupant[slot] = j
         top = max((s for s, i in enumerate(occupant) if i is not None), default=-1)
         free = [s for s, i in enumerate(occupant) if i is None and s < top]
@@ -410,7 +414,9 @@ def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
 
     shapes = []
     for line in hlo.splitlines():
-        match = re.search(r"=\s*(.*?)\s+all-gather(-start)?\(", line)  # "%name = f32[48,4,32]{...} all-gather("
+        match = re.search(
+            r"=\s*(.*?)\s+all-gather(-start)?\(", line
+        )  # "%name = f32[48,4,32]{...} all-gather("
         if match:
             dims = re.findall(r"\[([\d,]*)\]", match.group(1))
             shapes += [tuple(int(d) for d in ds.split(",") if d) for ds in dims]
@@ -418,7 +424,8 @@ def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize(
-    "mesh_shape, layout", [({"fsdp": 8}, "train"), ({"fsdp": 8}, "replicated"), ({"fsdp": 4, "tensor": 2}, "tensor")]
+    "mesh_shape, layout",
+    [({"fsdp": 8}, "train"), ({"fsdp": 8}, "replicated"), ({"fsdp": 4, "tensor": 2}, "tensor")],
 )
 def test_decode_layout_compiles_a_decode_step_without_gathering_weights(model, mesh_shape, layout):
     """The trainer's fsdp-sharded params make every decode step all-gather the weights; the decode layouts
@@ -452,3 +459,25 @@ def test_decode_layout_compiles_a_decode_step_without_gathering_weights(model, m
         params, S.Sampler(config, table, 64, 10, S.SamplingParams(0.0)).start(params, prompts, 3), 10
     )
     np.testing.assert_array_equal(seg.tokens, ref.tokens)
+
+
+def test_complete_pads_batches_to_row_buckets(model):
+    """`complete` decodes any number of prompts on one program per power-of-two row count (SOAR's internal
+    stream calls it with however many rows searched): 3 and 4 prompts share one, the padding rows change
+    no real row's tokens, and each row keeps its own key."""
+    _, config, params = model
+    smp = S.Sampler(config, S.StopTable.eos_only(config.vocab_size), cache_len=48, max_segment=12)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, config.vocab_size, n).tolist() for n in (5, 9, 4, 7, 6)]
+    keys = jax.random.split(jax.random.key(11), 5)
+    four = smp.complete(params, prompts[:4], keys[:4], 12)
+    count = smp.compiled_count()
+    three = smp.complete(params, prompts[:3], keys[:3], 12)  # padded to 4 with a copy of prompt 0
+    assert smp.compiled_count() == count
+    assert three == four[:3] and all(len(t) == 12 for t in three)
+    # row 2 alone (padded to 1 row: no padding) with its own key: the same tokens as in the batch
+    assert smp.complete(params, [prompts[2]], keys[2:3], 12) == [four[2]]
+    five = smp.complete(params, prompts, keys, 12)  # 8 rows
+    assert five[:4] == four
+    # a row count given (the local judge's fixed batch): the same tokens
+    assert smp.complete(params, prompts[:3], keys[:3], 12, rows=8) == three

@@ -546,10 +546,7 @@ def text_generator(sampler: Sampler, params, tokenizer) -> Callable[[list[list[d
             tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True), allow_special=True)
             for m in batch_messages
         ]
-        seg, _ = sampler.decode(params, sampler.start(params, prompts, keys), sampler.max_segment)
-        return [
-            tokenizer.decode(seg.tokens[i, : seg.length[i]].tolist(), skip_special=True)
-            for i in range(len(prompts))
-        ]
+        new = sampler.complete(params, prompts, keys, sampler.max_segment)  # batches padded: no recompiles
+        return [tokenizer.decode(ids, skip_special=True) for ids in new]
 
     return generate

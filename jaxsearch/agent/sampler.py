@@ -14,9 +14,10 @@ Host-facing API:
     state = sampler.start(params, prompts, seed)           # prompts: list of token-id lists
     seg, state = sampler.decode(params, state, budget)     # seg: numpy arrays per row
     state = sampler.append(params, state, chunks)          # observations, per row (empty: nothing)
+    ids = sampler.complete(params, prompts, seed, budget)  # start + decode, new token ids per prompt
 
-Shapes are static: prompts and appended chunks are padded to length buckets, so after warm-up a
-multi-turn rollout compiles nothing new.
+Shapes are static: prompts and appended chunks are padded to length buckets (`complete`'s batches to row
+buckets), so after warm-up a multi-turn rollout compiles nothing new.
 """
 
 from __future__ import annotations
@@ -506,10 +507,9 @@ class Sampler:
         rules, as the train step does; rows must divide by the data-parallel size, else they are
         replicated. None: wherever the params are, batch replicated."""
         self.config, self.table, self.cache_len = config, stop_table, cache_len
-        self.max_segment, self.sampling = max_segment, sampling
+        self.max_segment, self.sampling, self.mesh = max_segment, sampling, mesh
         self.prompt_buckets = tuple(prompt_buckets or default_buckets(cache_len))
         self.chunk_buckets = tuple(chunk_buckets or default_buckets(cache_len))
-        self.mesh = mesh
         shard = (lambda f: parallel.with_activation_sharding(f, mesh)) if mesh is not None else (lambda f: f)
         self._prefill = jax.jit(shard(qwen2.prefill), static_argnums=(0, 4))
         self._extend = jax.jit(shard(qwen2.extend_over_span), static_argnums=(0,), donate_argnums=(2,))
@@ -553,6 +553,18 @@ class Sampler:
         result = SegmentResult(*(multihost.to_host(x) for x in (tokens, logprobs, entropy, length, stop)))
         return result, state
 
+    def complete(self, params, prompts: Sequence[Sequence[int]], seed, budget: int, rows: int = 0):
+        """New token ids per prompt: a prefill and one segment of up to `budget` tokens. The batch is padded
+        to `rows` rows (default: the next power of two) with copies of the first prompt that decode nothing,
+        so calls of any size share one program per row count. seed: an int or [len(prompts)] PRNG keys."""
+        n = len(prompts)
+        pad = (rows or 1 << (n - 1).bit_length()) - n
+        if not isinstance(seed, int):  # the padding rows' keys: copies of the first row's
+            seed = jnp.concatenate([seed, jnp.repeat(seed[:1], pad, axis=0)])
+        state = self.start(params, [*prompts, *[prompts[0]] * pad], seed)
+        seg, _ = self.decode(params, state, [budget] * n + [0] * pad)
+        return [seg.tokens[i, : seg.length[i]].tolist() for i in range(n)]
+
     def append(self, params, state: DecodeState, chunks: Sequence[Sequence[int]]) -> DecodeState:
         """Append chunks[b] (host-provided tokens, e.g. an observation) to row b; empty = nothing.
 
@@ -581,20 +593,8 @@ def generate(
     stop: Sequence[int] | None = None,
     seed: int = 0,
 ) -> list[list[int]]:
-    """New token ids per prompt (a stop id, if one was produced, is included and ends the row).
-
-    A convenience for users; rollouts use `Sampler` directly.
-    """
+    """New token ids per prompt (a stop id produced ends the row, included); rollouts use `Sampler`."""
     table = StopTable.eos_only(config.vocab_size, list(stop or []))
-    cache_len = max(len(p) for p in prompt_ids) + max_new_tokens
-    sampler = Sampler(
-        config,
-        table,
-        cache_len,
-        max_new_tokens,
-        SamplingParams(temperature=temperature),
-        prompt_buckets=[max(len(p) for p in prompt_ids)],
-    )
-    state = sampler.start(params, prompt_ids, seed)
-    seg, _ = sampler.decode(params, state, max_new_tokens)
-    return [seg.tokens[i, : seg.length[i]].tolist() for i in range(len(prompt_ids))]
+    w = max(len(p) for p in prompt_ids)
+    sampler = Sampler(config, table, w + max_new_tokens, max_new_tokens, SamplingParams(temperature), [w])
+    return sampler.complete(params, prompt_ids, seed, max_new_tokens, rows=len(prompt_ids))

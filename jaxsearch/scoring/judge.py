@@ -223,15 +223,9 @@ class LocalChatModel:
         replies = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
-            padded = chunk + [chunk[0]] * (self.batch_size - len(chunk))
-            budgets = [budget] * len(chunk) + [0] * (self.batch_size - len(chunk))
-            state = sampler.start(self.params, padded, self._next_seed)
+            new = sampler.complete(self.params, chunk, self._next_seed, budget, rows=self.batch_size)
             self._next_seed += 1
-            seg, _ = sampler.decode(self.params, state, budgets)
-            replies += [
-                tok.decode(seg.tokens[i, : seg.length[i]].tolist(), skip_special=True)
-                for i in range(len(chunk))
-            ]
+            replies += [tok.decode(ids, skip_special=True) for ids in new]
         return replies
 
 
