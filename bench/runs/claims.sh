@@ -1,7 +1,7 @@
 #!/bin/bash
 # The claims' runs (bench/claims.py): the six configs of its comparisons over seeds 0-2, by two
-# workers each pinned to one core (the tiny model's steps are XLA:CPU per-op overhead, so two one-core runs finish
-# sooner than two two-core runs in a row). Each runs the code of REV in a worktree under $OUT; a run finished
+# workers each pinned to one core (the tiny model's steps are mostly XLA:CPU per-op overhead: a tiny_cpu run took
+# 14-17 min on one core beside another, 16-18 min alone on both in earlier sets). Each runs the code of REV in a worktree under $OUT; a run finished
 # under $OUT or recorded in bench/runs/claims/seeds.csv is skipped and a stopped one resumes, so a stopped queue,
 # or another machine's, continues where the last one was:
 #   REV=$(git rev-parse --short HEAD) OUT=/tmp/claims setsid nohup bench/runs/claims.sh > /tmp/claims.out 2>&1 &
@@ -14,8 +14,8 @@ OUT=${OUT:-/tmp/claims}
 REV=${REV:-$(git -C "$ROOT" rev-parse --short HEAD)}
 SRC=$OUT/src_$REV
 RECORD=$ROOT/bench/runs/claims/seeds.csv
-# config by config, cheapest comparisons first: EKA and R-Search against Search-R1 (~25-40 min a run on one core),
-# then SOAR and the Graph-R1 setting (1.5-3 h a run)
+# config by config, cheapest comparisons first: EKA and R-Search against Search-R1 (14-23 min a run on one core,
+# AMD EPYC), then SOAR (57 min at a3dc9c3) and the Graph-R1 setting (1.5-3 h a run on shared cores, earlier sets)
 CONFIGS=${CONFIGS:-tiny_cpu tiny_cpu_eka tiny_cpu_rsearch tiny_cpu_soar tiny_cpu_graphr1 tiny_cpu_eka_graphr1}
 SEEDS=${SEEDS:-0 1 2}
 CORES=${CORES:-0 1}  # one worker per core
