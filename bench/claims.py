@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 
 import tiny_world  # bench/: the main-job runner, its per-seed rows
+from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,12 @@ COMPARISONS = (
         (Claim("f1_last", "F1", +1, "R-Search §5.1, Table 2"),),
     ),
 )
+DIRECTION = {1: "higher", -1: "lower", 0: "no direction"}  # Claim.sign in words
 CONFIGS = tuple(dict.fromkeys(c for comp in COMPARISONS for c in (comp.backbone, comp.method)))
 
 
 def t_quantile(df: float, level: float = 0.95) -> float:
     """The two-sided `level` quantile of Student's t with `df` degrees of freedom."""
-    from scipy import stats  # bench-only dependency (installed with the notebooks / dense extras)
-
     return float(stats.t.ppf(0.5 + level / 2, df))
 
 
@@ -105,8 +105,6 @@ def seeds_to_settle(a: list[float], b: list[float], power: float = 0.8, level: f
     the two variances); inf when the means are equal, nan with fewer than two seeds of either."""
     if len(a) < 2 or len(b) < 2:
         return float("nan")
-    from scipy import stats
-
     d = statistics.fmean(a) - statistics.fmean(b)
     var = (statistics.variance(a) + statistics.variance(b)) / 2
     if d == 0:
@@ -150,11 +148,7 @@ def fold_runs(runs: str, record: list[dict], commit: str) -> list[dict]:
 
 
 def values(record: list[dict], config: str, column: str) -> list[float]:
-    out = []
-    for r in record:
-        if r["config"] == config and r.get(column, "") != "":
-            out.append(float(r[column]))
-    return out
+    return [float(r[column]) for r in record if r["config"] == config and r.get(column, "") != ""]
 
 
 def fmt(mean: float, half: float, digits: int = 3) -> str:
@@ -179,7 +173,7 @@ def table(record: list[dict]) -> str:
             if not a or not b:
                 continue
             diff, half = diff_ci(a, b)
-            paper = {1: "higher", -1: "lower", 0: "no direction"}[claim.sign] + f" ({claim.source})"
+            paper = f"{DIRECTION[claim.sign]} ({claim.source})"
             lines.append(
                 f"| {comp.name} | {claim.label} | {fmt(*mean_ci(b))} | {fmt(*mean_ci(a))} | {fmt(diff, half)} | "
                 f"{paper} | {verdict(claim.sign, diff, half)} | {len(a)} / {len(b)} | {settle(a, b)} |"
@@ -218,7 +212,7 @@ def plot(record: list[dict], out_png: str) -> None:
             )
         ax.set_xticks([0, 1], [comp.backbone, comp.method])
         ax.tick_params(axis="x", labelsize=7)
-        arrow = {1: " (paper: higher)", -1: " (paper: lower)", 0: ""}[claim.sign]
+        arrow = f" (paper: {DIRECTION[claim.sign]})" if claim.sign else ""
         ax.set_title(f"{comp.name.split(' (')[0]}\n{claim.label}{arrow}", fontsize=8)
         ax.set_xlim(-0.5, 1.5)
     for ax in list(axes.flat)[len(panels) :]:
