@@ -102,7 +102,8 @@ def diff_ci(a: list[float], b: list[float], level: float = 0.95) -> tuple[float,
 def seeds_to_settle(a: list[float], b: list[float], power: float = 0.8, level: float = 0.95) -> float:
     """Seeds per config for a two-sided `level` test to find the observed difference with `power`, at the
     observed seed-to-seed variance (normal approximation: 2 (z_level + z_power)^2 s^2 / d^2, s^2 the mean of
-    the two variances); inf when the means are equal, nan with fewer than two seeds of either."""
+    the two variances), at least 2 (an interval needs two); inf when the means are equal, nan with fewer than
+    two seeds of either."""
     if len(a) < 2 or len(b) < 2:
         return float("nan")
     d = statistics.fmean(a) - statistics.fmean(b)
@@ -110,7 +111,7 @@ def seeds_to_settle(a: list[float], b: list[float], power: float = 0.8, level: f
     if d == 0:
         return float("inf")
     z = stats.norm.ppf(0.5 + level / 2) + stats.norm.ppf(power)
-    return float(math.ceil(2 * z**2 * var / d**2))
+    return float(max(2, math.ceil(2 * z**2 * var / d**2)))
 
 
 def verdict(sign: int, diff: float, half: float) -> str:
@@ -132,7 +133,8 @@ def read_record(path: str) -> list[dict]:
 
 
 def fold_runs(runs: str, record: list[dict], commit: str) -> list[dict]:
-    """The record with each finished run under RUNS/CONFIG/seedS in place of its (config, seed) row."""
+    """The record with each finished run under RUNS/CONFIG/seedS in place of its (config, seed) row, under
+    the commit the run recorded (`commit` for a run that recorded none)."""
     rows = {(r["config"], r["seed"]): r for r in record}
     for config in CONFIGS:
         group = os.path.join(runs, config)
@@ -232,7 +234,9 @@ def main(argv=None) -> int:
         "--runs", default=None, help="tiny_world workdirs RUNS/CONFIG/seedS to fold into the record"
     )
     parser.add_argument(
-        "--commit", default=None, help="the runs' code commit (default: this checkout's HEAD)"
+        "--commit",
+        default=None,
+        help="the code's commit of runs that record none (older runs; default: this checkout's HEAD)",
     )
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)

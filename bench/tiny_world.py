@@ -51,8 +51,8 @@ def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     seconds = time.perf_counter() - start
-    with open(os.path.join(workdir, "wall_s.json"), "w") as f:
-        json.dump({"wall_s": seconds, **({"resumed": True} if resumed else {})}, f)
+    with open(os.path.join(workdir, "wall_s.json"), "w") as f:  # with the commit of the code that ran
+        json.dump({"wall_s": seconds, "commit": head_commit(), **({"resumed": True} if resumed else {})}, f)
     return seconds
 
 
@@ -122,7 +122,7 @@ SEED_FIELDS = (
 def seed_row(name: str, workdir: str, commit: str) -> dict:
     """One run's summary: EM / F1 at the RL stage's first and last evaluation, the last evaluation's
     behaviour, held-out EM at every evaluation ("step:EM ..."), the SFT stage's last loss, its wall seconds
-    and the commit."""
+    and the commit of its code: the one the run recorded, else `commit`."""
     evals = evaluations(workdir)
     first, last = evals[0], evals[-1]
 
@@ -149,7 +149,7 @@ def seed_row(name: str, workdir: str, commit: str) -> dict:
     wall = json.load(open(path)) if os.path.exists(path) else {}
     out["wall_s"] = round(wall["wall_s"], 1) if "wall_s" in wall else ""
     out["resumed"] = bool(wall.get("resumed", False))
-    out["commit"] = commit
+    out["commit"] = wall.get("commit") or commit
     return out
 
 
@@ -185,7 +185,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/tiny_world", help="workdirs OUT/NAME/seedS and OUT/table.md")
     parser.add_argument("--no-run", action="store_true", help="only tabulate the runs already there")
     parser.add_argument(
-        "--commit", default=None, help="the code's commit for seeds.csv (default: this checkout's HEAD)"
+        "--commit",
+        default=None,
+        help="the code's commit for seeds.csv, of runs that record none (default: this checkout's HEAD)",
     )
     parser.add_argument("overrides", nargs="*", help="extra --config.key=value flags for every run")
     args = parser.parse_args(argv)

@@ -41,6 +41,8 @@ def test_seeds_to_settle_hand_computed():
     assert claims.seeds_to_settle([0.5, 1.5, 2.5], [0.0, 1.0, 2.0]) == 63
     assert math.isinf(claims.seeds_to_settle([1.0, 2.0], [2.0, 1.0]))
     assert math.isnan(claims.seeds_to_settle([1.0], [2.0, 1.0]))
+    # 2 (1.96 + 0.8416)^2 0.005 / 1 = 0.08 seeds by the formula: two, the fewest an interval takes
+    assert claims.seeds_to_settle([0.0, 0.1], [1.0, 1.1]) == 2
 
 
 def test_verdict():
@@ -51,8 +53,9 @@ def test_verdict():
     assert claims.verdict(0, 0.1, 0.05) == "no claim"
 
 
-def _run(workdir, em, f1, turns, fabrication):
-    """A finished tiny_world workdir: GRPO metrics with two evaluations and the exported params/."""
+def _run(workdir, em, f1, turns, fabrication, commit=None):
+    """A finished tiny_world workdir: GRPO metrics with two evaluations and the exported params/, and the
+    commit of its code if given (tiny_world.run records it)."""
     grpo = os.path.join(workdir, "grpo")
     os.makedirs(os.path.join(grpo, "params"))
     first = {"step": 0, "eval/synthetic/em": 0.1, "eval/synthetic/f1": 0.2}
@@ -61,6 +64,9 @@ def _run(workdir, em, f1, turns, fabrication):
     with open(os.path.join(grpo, "metrics.jsonl"), "w") as f:
         f.write(json.dumps(first) + "\n" + json.dumps({"step": 1, "train/reward": 0.0}) + "\n")
         f.write(json.dumps(last) + "\n")
+    if commit:
+        with open(os.path.join(workdir, "wall_s.json"), "w") as f:
+            json.dump({"wall_s": 60.0, "commit": commit}, f)
 
 
 def test_record_folds_runs_of_several_machines(tmp_path):
@@ -73,14 +79,16 @@ def test_record_folds_runs_of_several_machines(tmp_path):
     os.makedirs(m1 / "tiny_cpu_soar" / "seed2" / "grpo")  # unfinished: left out
     assert claims.main(["--record", str(record), "--runs", str(m1), "--commit", "aaa", "--no-plot"]) == 0
     _run(m2 / "tiny_cpu_soar" / "seed0", 0.20, 0.22, 3.0, 0.10)
-    _run(m2 / "tiny_cpu_soar" / "seed1", 0.30, 0.31, 3.0, 0.05)
+    _run(m2 / "tiny_cpu_soar" / "seed1", 0.30, 0.31, 3.0, 0.05, commit="ran")
     assert claims.main(["--record", str(record), "--runs", str(m2), "--commit", "bbb", "--no-plot"]) == 0
+    # a run that recorded its commit keeps it when folded again with another --commit
+    assert claims.main(["--record", str(record), "--runs", str(m2), "--commit", "ccc", "--no-plot"]) == 0
     rows = claims.read_record(str(record / "seeds.csv"))
     assert [(r["config"], r["seed"], r["commit"]) for r in rows] == [
         ("tiny_cpu", "0", "aaa"),
         ("tiny_cpu", "1", "aaa"),
-        ("tiny_cpu_soar", "0", "bbb"),
-        ("tiny_cpu_soar", "1", "bbb"),
+        ("tiny_cpu_soar", "0", "ccc"),
+        ("tiny_cpu_soar", "1", "ran"),
     ]
     text = (record / "claims.md").read_text()
     fab = [line for line in text.splitlines() if "| fabrication |" in line]
