@@ -48,11 +48,12 @@ def run(config: str, seed: int, workdir: str, extra: list[str]) -> float:
     print(" ".join(cmd[1:]), flush=True)
     # a stopped run resumes from its checkpoints: its wall time is then this invocation's only, and says so
     resumed = os.path.exists(os.path.join(workdir, "sft")) or os.path.exists(rl_dir(workdir))
+    commit = head_commit()  # the code the run starts with (a checkout may move on while it runs)
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     seconds = time.perf_counter() - start
-    with open(os.path.join(workdir, "wall_s.json"), "w") as f:  # with the commit of the code that ran
-        json.dump({"wall_s": seconds, "commit": head_commit(), **({"resumed": True} if resumed else {})}, f)
+    with open(os.path.join(workdir, "wall_s.json"), "w") as f:
+        json.dump({"wall_s": seconds, "commit": commit, **({"resumed": True} if resumed else {})}, f)
     return seconds
 
 
