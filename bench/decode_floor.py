@@ -1,0 +1,130 @@
+"""How close a decode step is to the CPU's floor: the sampler's decode step at bench/rollout.py's workload
+beside a loop of only its weight matmuls (the same weights and shapes, no attention, no sampling), and the
+rate this CPU streams a weight through a 16-row matmul, by the weight's size.
+
+  python bench/decode_floor.py [--size S]            # both cores
+  taskset -c 0 python bench/decode_floor.py          # one core
+
+Batch 16, 128 greedy steps over a 192-slot cache. A step reads every weight once (4.2 MB of layers and
+4.2 MB of head at S, fp32) and the whole KV cache (6.3 MB at S); the matmul loop shows what the weights alone
+cost on this machine, so the rest of the step (attention, sampling, norms) is the difference.
+"""
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import SIZES
+from rollout import BATCH, NEW, PROMPT, greedy_sampler
+
+from jaxsearch.models import qwen2
+
+
+def per_iteration_us(loop, args, iters: int, reps: int) -> float:
+    jax.block_until_ready(loop(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(loop(*args))
+        times.append(time.perf_counter() - t0)
+    return 1e6 * float(np.median(times)) / iters
+
+
+def weight_matmuls(config, params):
+    """The decode step's weight matrices as the step multiplies them: 2-D [in, out] each."""
+    e = config.hidden_size
+    layers = [params[f"layers_{i}"] for i in range(config.num_hidden_layers)]
+    return {
+        "qkv": [p["attn"]["qkv_kernel"].reshape(e, -1) for p in layers],
+        "o": [p["attn"]["o_kernel"].reshape(-1, e) for p in layers],
+        "gate_up": [p["mlp"]["gate_up_kernel"].reshape(e, -1) for p in layers],
+        "down": [p["mlp"]["down_kernel"] for p in layers],
+        "head": params["embedding"].T,
+    }
+
+
+def matmul_loop_us(config, params, iters: int, reps: int) -> float:
+    """One iteration: x [B, E] through every layer's qkv, o, gate/up and down matmuls and the head."""
+    weights = jax.tree.map(lambda w: jax.device_put(np.asarray(w)), weight_matmuls(config, params))
+    e, f = config.hidden_size, config.intermediate_size
+
+    @jax.jit
+    def loop(x, w):
+        def body(_, x):
+            for qkv, o, gu, down in zip(w["qkv"], w["o"], w["gate_up"], w["down"]):
+                x = x + 0.01 * ((x @ qkv)[:, : o.shape[0]] @ o)
+                g = x @ gu
+                x = x + 0.01 * ((jax.nn.silu(g[:, :f]) * g[:, f:]) @ down)
+            return x + 1e-6 * jnp.max(x @ w["head"], axis=-1, keepdims=True)
+
+        return jax.lax.fori_loop(0, iters, body, x)
+
+    return per_iteration_us(loop, (jnp.ones((BATCH, e), jnp.float32), weights), iters, reps)
+
+
+def stream_rate_gb_s(megabytes: float, iters: int, reps: int) -> float:
+    """GB/s of a [16, 1024] x [1024, N] matmul whose fp32 weight is `megabytes` MB, in a loop."""
+    n = int(megabytes * 2**20 / 4 / 1024)
+    w = jnp.full((1024, n), 1e-3, jnp.float32)
+
+    @jax.jit
+    def loop(x, w):
+        return jax.lax.fori_loop(0, iters, lambda _, x: x + 1e-6 * jnp.sum(x @ w, axis=-1, keepdims=True), x)
+
+    us = per_iteration_us(loop, (jnp.ones((BATCH, 1024), jnp.float32), w), iters, reps)
+    return megabytes * 2**20 / us / 1e3
+
+
+def decode_step_us(config, params, reps: int) -> float:
+    smp = greedy_sampler(config)
+    prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (BATCH, PROMPT)).tolist()
+    start = smp.start(params, prompts, 0)
+
+    def decode():
+        state = jax.tree.map(lambda x: x.copy(), start)  # the decode call donates its state
+        return smp.decode(params, state, NEW)[0].tokens
+
+    jax.block_until_ready(decode())
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(decode())
+        times.append(time.perf_counter() - t0)
+    return 1e6 * float(np.median(times)) / NEW
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="S", choices=sorted(SIZES))
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--stream-mb", nargs="+", type=float, default=[2, 4, 8, 16], help="weight sizes, MB")
+    args = ap.parse_args()
+    config = qwen2.Qwen2Config(**SIZES[args.size], tie_word_embeddings=True, attention_chunk=0)
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    nbytes = lambda tree: sum(w.size * 4 for w in jax.tree.leaves(tree))  # noqa: E731
+    layers_mb = nbytes({k: v for k, v in weight_matmuls(config, params).items() if k != "head"}) / 2**20
+    kv = config.num_hidden_layers * 2 * BATCH * config.num_key_value_heads * config.head_dim * (PROMPT + NEW)
+    print(
+        json.dumps(
+            {
+                "bench": "decode_floor",
+                "size": args.size,
+                "device": jax.devices()[0].device_kind,
+                "cpus": len(jax.devices()),
+                "layer_weights_mb": round(layers_mb, 2),
+                "head_mb": round(config.hidden_size * config.vocab_size * 4 / 2**20, 2),
+                "kv_cache_mb": round(kv * 4 / 2**20, 2),
+                "decode_step_us": round(decode_step_us(config, params, args.reps), 1),
+                "weight_matmuls_us": round(matmul_loop_us(config, params, NEW, args.reps), 1),
+                "stream_gb_s": {mb: round(stream_rate_gb_s(mb, 64, args.reps), 1) for mb in args.stream_mb},
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
