@@ -5,32 +5,25 @@ rate this CPU streams a weight through a 16-row matmul, by the weight's size.
   python bench/decode_floor.py [--size S]            # both cores
   taskset -c 0 python bench/decode_floor.py          # one core
 
-Batch 16, 128 greedy steps over a 192-slot cache. A step reads every weight once (4.2 MB of layers and
-4.2 MB of head at S, fp32) and the whole KV cache (6.3 MB at S); the matmul loop shows what the weights alone
+Batch 16, 128 greedy steps over a 192-slot cache. A step reads every weight once (3.75 MiB of layers and
+4 MiB of head at S, fp32) and the whole KV cache (6 MiB at S); the matmul loop shows what the weights alone
 cost on this machine, so the rest of the step (attention, sampling, norms) is the difference.
 """
 
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import SIZES
+from common import SIZES, median_time
 from rollout import BATCH, NEW, PROMPT, greedy_sampler
 
 from jaxsearch.models import qwen2
 
 
 def per_iteration_us(loop, args, iters: int, reps: int) -> float:
-    jax.block_until_ready(loop(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e6 * float(np.median(times)) / iters
+    return 1e6 * median_time(lambda: jax.block_until_ready(loop(*args)), reps) / iters
 
 
 def weight_matmuls(config, params):
@@ -46,9 +39,9 @@ def weight_matmuls(config, params):
     }
 
 
-def matmul_loop_us(config, params, iters: int, reps: int) -> float:
-    """One iteration: x [B, E] through every layer's qkv, o, gate/up and down matmuls and the head."""
-    weights = jax.tree.map(lambda w: jax.device_put(np.asarray(w)), weight_matmuls(config, params))
+def matmul_loop_us(config, weights, iters: int, reps: int) -> float:
+    """One iteration: x [B, E] through every layer's qkv, o, gate/up and down matmuls and the head
+    (`weight_matmuls`' matrices)."""
     e, f = config.hidden_size, config.intermediate_size
 
     @jax.jit
@@ -87,13 +80,7 @@ def decode_step_us(config, params, reps: int) -> float:
         state = jax.tree.map(lambda x: x.copy(), start)  # the decode call donates its state
         return smp.decode(params, state, NEW)[0].tokens
 
-    jax.block_until_ready(decode())
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(decode())
-        times.append(time.perf_counter() - t0)
-    return 1e6 * float(np.median(times)) / NEW
+    return 1e6 * median_time(lambda: jax.block_until_ready(decode()), reps) / NEW
 
 
 def main():
@@ -104,8 +91,8 @@ def main():
     args = ap.parse_args()
     config = qwen2.Qwen2Config(**SIZES[args.size], tie_word_embeddings=True, attention_chunk=0)
     params = qwen2.init_params(config, jax.random.PRNGKey(0))
-    nbytes = lambda tree: sum(w.size * 4 for w in jax.tree.leaves(tree))  # noqa: E731
-    layers_mb = nbytes({k: v for k, v in weight_matmuls(config, params).items() if k != "head"}) / 2**20
+    weights = weight_matmuls(config, params)
+    mib = lambda tree: sum(w.size * 4 for w in jax.tree.leaves(tree)) / 2**20  # noqa: E731  fp32
     kv = config.num_hidden_layers * 2 * BATCH * config.num_key_value_heads * config.head_dim * (PROMPT + NEW)
     print(
         json.dumps(
@@ -114,11 +101,11 @@ def main():
                 "size": args.size,
                 "device": jax.devices()[0].device_kind,
                 "cpus": len(jax.devices()),
-                "layer_weights_mb": round(layers_mb, 2),
-                "head_mb": round(config.hidden_size * config.vocab_size * 4 / 2**20, 2),
+                "layer_weights_mb": round(mib({k: v for k, v in weights.items() if k != "head"}), 2),
+                "head_mb": round(mib(weights["head"]), 2),
                 "kv_cache_mb": round(kv * 4 / 2**20, 2),
                 "decode_step_us": round(decode_step_us(config, params, args.reps), 1),
-                "weight_matmuls_us": round(matmul_loop_us(config, params, NEW, args.reps), 1),
+                "weight_matmuls_us": round(matmul_loop_us(config, weights, NEW, args.reps), 1),
                 "stream_gb_s": {mb: round(stream_rate_gb_s(mb, 64, args.reps), 1) for mb in args.stream_mb},
             }
         ),
