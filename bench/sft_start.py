@@ -59,6 +59,8 @@ def run(args):
     cfg = pipeline.prepare_world(RunConfig.from_dict(c), args.workdir or args.out)
     world = generate_world(world_config(cfg.world.size, cfg.world.seed))
     tokenizer = load_tokenizer(cfg.tokenizer)
+    # the examples and batches as rl/pipeline.py's run_sft builds them; not a shared helper, so that a checkout
+    # from before one existed runs this script unchanged
     examples = sft_traces.sft_dataset(
         world,
         "train",
