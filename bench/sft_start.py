@@ -37,6 +37,9 @@ def main():
     ap.add_argument("--compare", nargs=2, metavar="DIR", help="compare two runs' sft_start.json and exit")
     args = ap.parse_args()
     if args.compare:
+        missing = [d for d in args.compare if not os.path.exists(os.path.join(d, "sft_start.json"))]
+        if missing:
+            ap.error(f"--compare: no sft_start.json in {missing[0]}")
         return compare(*args.compare)
     if not (args.config and args.out):
         ap.error("--config and --out are required (or --compare A B)")
