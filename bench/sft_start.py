@@ -81,9 +81,7 @@ def run(args):
     for e in examples:
         for part in (e, e.mistake):
             if part is not None:
-                data.update(
-                    np.asarray(part.ids, np.int64).tobytes() + np.asarray(part.loss_mask, np.int8).tobytes()
-                )
+                _digest(data, part.ids, part.loss_mask)
     batches = sft_traces.sft_batches(
         examples,
         cfg.sft.batch_size,
@@ -110,7 +108,7 @@ def run(args):
     seen, losses = hashlib.sha256(), []
     for i in range(args.steps):
         ids, attention_mask, loss_mask = next(batches)
-        seen.update(np.asarray(ids, np.int64).tobytes() + np.asarray(loss_mask, np.int8).tobytes())
+        _digest(seen, ids, loss_mask)
         params, opt_state, metrics = step(params, opt_state, ids, attention_mask, loss_mask)
         losses.append(float(metrics["loss"]))
         if (i + 1) % 50 == 0 or i + 1 == args.steps:
@@ -132,14 +130,16 @@ def run(args):
     )
 
 
+def _digest(h, ids, loss_mask) -> None:
+    """Add token ids and their loss mask (an example's [T] or a batch's [B, T]) to the sha256 `h`."""
+    h.update(np.asarray(ids, np.int64).tobytes() + np.asarray(loss_mask, np.int8).tobytes())
+
+
 def compare(a: str, b: str):
     runs = [json.load(open(os.path.join(d, "sft_start.json"))) for d in (a, b)]
     n = min(len(r["losses"]) for r in runs)
-    keys = (
-        "examples",
-        "examples_sha256",
-        "batches_sha256",
-    )  # the batches' digest covers every step a run took
+    # the batches' digest covers every step a run took: compared only between runs of one length
+    keys = ("examples", "examples_sha256", "batches_sha256")
     for key in keys if all(len(r["losses"]) == n for r in runs) else keys[:2]:
         print(f"{key}: {'same' if runs[0][key] == runs[1][key] else 'DIFFERENT'}")
     la, lb = (np.asarray(r["losses"][:n]) for r in runs)
