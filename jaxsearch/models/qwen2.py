@@ -149,7 +149,9 @@ class Attention(nn.Module):
         g = h // kvh  # query heads per kv head
         # q, k and v in one kernel, grouped by kv head: [E, K, G + 2, D] holds kv head j's G query heads (heads
         # j*G .. j*G+G-1, transformers' GQA order), then its k, then its v; one matmul, sharded by kv head
-        wqkv = _param(self, "qkv_kernel", (e, kvh, g + 2, d), ("embed", "kv_heads", None, "head_dim"), init, wdt)
+        wqkv = _param(
+            self, "qkv_kernel", (e, kvh, g + 2, d), ("embed", "kv_heads", None, "head_dim"), init, wdt
+        )
         bqkv = (
             _param(self, "qkv_bias", (kvh, g + 2, d), ("kv_heads", None, "head_dim"), zeros, wdt)
             if cfg.qkv_bias
@@ -552,10 +554,11 @@ def extend_over_span(config: Qwen2Config, params: Params, cache: KVCache, tokens
 def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_len: int):
     """Encode prompts [B, T] (padding anywhere, usually left) into a fresh cache of max_len slots.
 
-    Returns (logits [B, V] of each row's last prompt token, cache). The prompts are encoded over the first of
-    the cache's spans (`spans.cache_spans`) that holds T slots; the slots past it are zeros.
+    Returns (logits [B, V] of each row's last prompt token, cache). The prompts are encoded into a cache of
+    their own T slots (their attention reads no empty slot: over the whole 192-slot cache, bench/rollout.py's
+    64-token prompts took 1.25x as long; issue 41), then the slots past T are zeros.
     """
-    span = cache_spans(max_len, at_least=input_ids.shape[1])[0]
+    span = min(input_ids.shape[1], max_len)
     logits, cache = extend(
         config, params, init_cache(config, input_ids.shape[0], span), input_ids, attention_mask
     )
