@@ -262,22 +262,17 @@ def sample_tokens(logits, keys, counters, sampling: SamplingParams, rows: RowSam
 def _logprob_and_entropy(x, tokens, entropy: bool = True):
     """log softmax(x)[b, tokens[b]] [B] and the entropy of softmax(x) [B] (None without `entropy`), for
     logits x [B, V] fp32 (-inf allowed, one finite entry per row at least): a max and sums over exp(x - max),
-    no [B, V] log-probs in memory (issue 41). log-prob: `jax.nn.log_softmax`'s ops, so the same bits.
-    Entropy: log s - sum(e z) / s with z = x - max, e = exp(z), s = sum(e).
-
-    The max is taken as [B] and z is never kept: a keepdims max made XLA:CPU write the broadcast max and z
-    as [B, V] arrays, each read back by the next pass; this way x - max and exp fuse into one pass, and the
-    picked log-prob comes from x (the same subtraction, so the same bits). Decode step ~11% faster at
-    bench/rollout.py's S (bench/RESULTS.md, issue 41)."""
+    no [B, V] log-probs in memory. log-prob: `jax.nn.log_softmax`'s ops, so the same bits. Entropy: log s -
+    sum(e z) / s, z = x - max, e = exp(z), s = sum(e). The max is [B]: with keepdims XLA:CPU wrote it and z as
+    [B, V] arrays, a ~1.1x slower decode step (bench/RESULTS.md, issue 41)."""
     top = jnp.max(x, axis=-1)
     e = jnp.exp(x - top[:, None])
     s = jnp.sum(e, axis=-1)
-    log_s = jnp.log(s)
-    logprob = (jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - top) - log_s
+    logprob = (jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - top) - jnp.log(s)
     if not entropy:
         return logprob, None
     ez = jnp.where(e > 0, e * (x - top[:, None]), 0.0)  # a -inf entry: 0 * -inf would be NaN
-    return logprob, log_s - jnp.sum(ez, axis=-1) / s
+    return logprob, jnp.log(s) - jnp.sum(ez, axis=-1) / s
 
 
 def _sample_per_row(logits, keys, counters, top_k: int, rows: RowSampling):
