@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import SIZES
+from decode_floor import per_iteration_us
 from rollout import BATCH, NEW, PROMPT, greedy_sampler
 
 from jaxsearch.agent import sampler as sampler_lib
@@ -127,23 +128,15 @@ def alone_us(config, params, reps: int) -> dict:
         return x + 1e-6 * (logprob + entropy)[:, None]
 
     q0 = jnp.asarray(rng.standard_normal((b, 1, h, d)), jnp.float32)
+    x0 = jnp.asarray(rng.standard_normal((b, config.hidden_size)), jnp.float32)
     loops = {
-        "attention": (jax.jit(lambda c: jax.lax.fori_loop(0, NEW, attention_step, c)), (q0, caches)),
-        "LM head and sampling": (
-            jax.jit(lambda x: jax.lax.fori_loop(0, NEW, head_step, x)),
-            jnp.asarray(rng.standard_normal((b, config.hidden_size)), jnp.float32),
-        ),
+        "attention": (lambda c: jax.lax.fori_loop(0, NEW, attention_step, c), (q0, caches)),
+        "LM head and sampling": (lambda x: jax.lax.fori_loop(0, NEW, head_step, x), x0),
     }
-    out = {}
-    for name, (loop, arg) in loops.items():
-        jax.block_until_ready(loop(arg))
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(loop(arg))
-            times.append(1e6 * (time.perf_counter() - t0) / NEW)
-        out[name] = round(statistics.median(times), 1)
-    return out
+    return {
+        name: round(per_iteration_us(jax.jit(loop), (arg,), NEW, reps), 1)
+        for name, (loop, arg) in loops.items()
+    }
 
 
 def main():

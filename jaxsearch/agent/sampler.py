@@ -233,8 +233,8 @@ def first_argmax(x):
     XLA:CPU runs argmax's (value, index) reduction as a scalar loop, ~0.2 ms of a ~2.3 ms decode step at
     bench/rollout.py's S (16 x 8,192 logits). A row without a maximum (NaN) gets V - 1."""
     v = x.shape[-1]
-    top = jnp.max(x, axis=-1)  # [B], not keepdims: see `_logprob_and_entropy`
-    first = jnp.min(jnp.where(x == top[:, None], jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+    top = jnp.max(x, axis=-1)[:, None]  # from a [B] max, as `_logprob_and_entropy`'s
+    first = jnp.min(jnp.where(x == top, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
     return jnp.minimum(first, v - 1)
 
 
@@ -260,19 +260,19 @@ def sample_tokens(logits, keys, counters, sampling: SamplingParams, rows: RowSam
 
 
 def _logprob_and_entropy(x, tokens, entropy: bool = True):
-    """log softmax(x)[b, tokens[b]] [B] and the entropy of softmax(x) [B] (None without `entropy`), for
-    logits x [B, V] fp32 (-inf allowed, one finite entry per row at least): a max and sums over exp(x - max),
-    no [B, V] log-probs in memory. log-prob: `jax.nn.log_softmax`'s ops, so the same bits. Entropy: log s -
-    sum(e z) / s, z = x - max, e = exp(z), s = sum(e). The max is [B]: with keepdims XLA:CPU wrote it and z as
-    [B, V] arrays, a ~1.1x slower decode step (bench/RESULTS.md, issue 41)."""
+    """log softmax(x)[b, tokens[b]] [B] and the entropy of softmax(x) [B] (None without `entropy`) for logits
+    x [B, V] fp32 (-inf allowed, a finite entry per row), no [B, V] log-probs in memory: log-prob x[t] - max -
+    log s (`jax.nn.log_softmax`'s bits), entropy log s - sum(e z) / s, z = x - max, e = exp(z), s = sum(e),
+    e z = 0 at -inf. A [B] max, x[t] not z[t]: else XLA:CPU wrote max and z as [B, V] arrays (issue 41)."""
     top = jnp.max(x, axis=-1)
-    e = jnp.exp(x - top[:, None])
+    z = x - top[:, None]
+    e = jnp.exp(z)
     s = jnp.sum(e, axis=-1)
-    logprob = (jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - top) - jnp.log(s)
+    log_s = jnp.log(s)
+    logprob = (jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - top) - log_s
     if not entropy:
         return logprob, None
-    ez = jnp.where(e > 0, e * (x - top[:, None]), 0.0)  # a -inf entry: 0 * -inf would be NaN
-    return logprob, jnp.log(s) - jnp.sum(ez, axis=-1) / s
+    return logprob, log_s - jnp.sum(jnp.where(e > 0, e * z, 0.0), axis=-1) / s
 
 
 def _sample_per_row(logits, keys, counters, top_k: int, rows: RowSampling):

@@ -558,12 +558,12 @@ def prefill(config: Qwen2Config, params: Params, input_ids, attention_mask, max_
     their own T slots (their attention reads no empty slot: over the whole 192-slot cache, bench/rollout.py's
     64-token prompts took 1.25x as long; issue 41), then the slots past T are zeros.
     """
-    span = min(input_ids.shape[1], max_len)
+    slots = min(input_ids.shape[1], max_len)
     logits, cache = extend(
-        config, params, init_cache(config, input_ids.shape[0], span), input_ids, attention_mask
+        config, params, init_cache(config, input_ids.shape[0], slots), input_ids, attention_mask
     )
-    if span < max_len:
-        more = max_len - span
+    if slots < max_len:
+        more = max_len - slots
         k = tuple(_constrain(jnp.pad(a, ((0, 0),) * 3 + ((0, more),)), KEY_CACHE_AXES) for a in cache.k)
         v = tuple(_constrain(jnp.pad(a, ((0, 0), (0, 0), (0, more), (0, 0))), CACHE_AXES) for a in cache.v)
         cache = cache.replace(k=k, v=v)
