@@ -1,12 +1,15 @@
 """Sampler throughput: jaxsearch's jitted decode loop vs transformers' generate, same weights, one run.
 
-  python bench/rollout.py [--size S M] [--reps 3]
+  python bench/rollout.py [--size S M] [--reps 3] [--host-devices 2]
   python bench/rollout.py --size 0.5B --dtype bfloat16 --batch 16 64 256   # on a GPU: HBM fraction too
 
 Batch 16, 64-token random prompts, exactly 128 new tokens, greedy (the setting of
 ../shared/anchors/hf_generate.py). Prints one JSON line per size: tokens/s of each, their ratio, and
-whether the greedy tokens agree. With --tunix-python (a Python that has `google-tunix`), the anchor
-script ../shared/anchors/tunix_sample.py runs on the same saved weights in the same invocation.
+whether the greedy tokens agree. With --host-devices N on a CPU, XLA splits it into N host devices and the
+sampler decodes over a data mesh of them with the params whole on each: one prefill and one decode loop per
+device, no collective (`Sampler._per_device`); transformers keeps its torch threads. With --tunix-python (a
+Python that has `google-tunix`), the anchor script ../shared/anchors/tunix_sample.py runs on the same saved
+weights in the same invocation.
 
 --episode adds a 4-turn Search-R1 episode (batch 16, the tiny searcher model of jaxsearch.testing) with
 BM25 over a 10k-passage corpus (the tiny world's passages + generated distractors), and its time split:
@@ -18,9 +21,17 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
+if __name__ == "__main__":  # XLA reads its flags once, when jax starts: split the CPU before importing it
+    _pre = argparse.ArgumentParser(add_help=False)
+    _pre.add_argument("--host-devices", type=int, default=1)
+    _devices = _pre.parse_known_args(sys.argv[1:])[0].host_devices
+    if _devices > 1:
+        _flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count={_devices}"
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +39,7 @@ import numpy as np
 import torch
 
 from common import SIZES, hf_model, median_time
+from jaxsearch import parallel
 from jaxsearch.models import hf_io
 from jaxsearch.agent import sampler as S
 
@@ -39,11 +51,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", nargs="+", default=["S", "M"], choices=sorted(SIZES))
     ap.add_argument("--batch", nargs="+", type=int, default=[BATCH], help="rows per batch (each one a run)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights, cache, math")
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="weights, cache, math"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tunix-python", default="", help="python with google-tunix for the tunix anchor")
     ap.add_argument("--episode", action="store_true", help="also time a 4-turn episode with BM25")
-    ap.add_argument("--profile", default="", help="trace one rollout of the first batch into DIR and summarise it")
+    ap.add_argument(
+        "--profile", default="", help="trace one rollout of the first batch into DIR and summarise it"
+    )
+    ap.add_argument(
+        "--host-devices", type=int, default=1, help="CPU only: XLA host devices, the rows split over them"
+    )
     args = ap.parse_args()
     platform, kind = jax.devices()[0].platform, jax.devices()[0].device_kind
     # on a GPU both run on it (transformers on torch's CUDA device); on a CPU both on the CPU
@@ -53,6 +72,11 @@ def main():
         f"on {torch_device}, threads={torch.get_num_threads()}, dtype {args.dtype}",
         flush=True,
     )
+    if args.host_devices > 1 and (platform != "cpu" or len(jax.devices()) != args.host_devices):
+        raise SystemExit(
+            f"--host-devices {args.host_devices}: for a CPU, got {len(jax.devices())} {platform} devices"
+        )
+    mesh = parallel.make_mesh({"data": args.host_devices}) if args.host_devices > 1 else None
     copy_tb_s = copy_bandwidth() if platform == "gpu" else None
     if copy_tb_s:
         print(f"device-to-device copy: {copy_tb_s:.2f} TB/s (bytes read + written)", flush=True)
@@ -65,7 +89,9 @@ def main():
         model = model.to(device=torch_device, dtype=getattr(torch, args.dtype))
         for batch in args.batch:
             profile = args.profile if batch == args.batch[0] else ""
-            result, hf_tokens, prompts = compare(config, params, model, torch_device, batch, args.reps, profile)
+            result, hf_tokens, prompts = compare(
+                config, params, model, torch_device, batch, args.reps, profile, mesh
+            )
             if copy_tb_s:
                 result.update(hbm_fraction(config, params, batch, result["decode_step_ms"], copy_tb_s, kind))
             print(json.dumps({"bench": "rollout", "size": size, "dtype": args.dtype, **result}), flush=True)
@@ -81,7 +107,7 @@ def main():
         episode_bench()
 
 
-def greedy_sampler(config) -> S.Sampler:
+def greedy_sampler(config, mesh=None) -> S.Sampler:
     """The workload's sampler: greedy, NEW tokens a call, a cache of PROMPT + NEW slots, PROMPT-token prompts."""
     return S.Sampler(
         config,
@@ -90,13 +116,17 @@ def greedy_sampler(config) -> S.Sampler:
         max_segment=NEW,
         sampling=S.SamplingParams(temperature=0.0),
         prompt_buckets=[PROMPT],
+        mesh=mesh,
     )
 
 
-def compare(config, params, model, torch_device: str, batch: int, reps: int, profile: str = ""):
-    """Greedy decode of `batch` random 64-token prompts, NEW tokens each, by both; their times and tokens."""
+def compare(config, params, model, torch_device: str, batch: int, reps: int, profile: str = "", mesh=None):
+    """Greedy decode of `batch` random 64-token prompts, NEW tokens each, by both; their times and tokens.
+    mesh: jaxsearch's rows split over its data axis, the params whole on every device."""
     prompts = np.random.default_rng(1234).integers(1, config.vocab_size, (batch, PROMPT))
-    smp = greedy_sampler(config)
+    smp = greedy_sampler(config, mesh)
+    if mesh is not None:
+        params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     rows = prompts.tolist()
 
     def ours():
@@ -137,6 +167,7 @@ def compare(config, params, model, torch_device: str, batch: int, reps: int, pro
     n = batch * NEW
     result = {
         "params_M": round(config.num_params() / 1e6, 1),
+        "jax_devices": 1 if mesh is None else mesh.size,
         "batch": batch,
         "prompt": PROMPT,
         "new": NEW,

@@ -120,3 +120,43 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedShard
     batch_axes = tuple(n for n in (dict(rules)["batch"] or ()) if mesh.shape[n] > 1)
     first = batch_axes if len(batch_axes) > 1 else (batch_axes[0] if batch_axes else None)
     return NamedSharding(mesh, P(first, *([None] * (ndim - 1))))
+
+
+def replicated_on(mesh: Mesh, tree) -> bool:
+    """Every leaf of `tree` (arrays, or abstract ones with a sharding) is whole on each of `mesh`'s devices."""
+    devices = set(mesh.devices.flat)
+
+    def whole(x):
+        sharding = getattr(x, "sharding", None)
+        return sharding is not None and sharding.is_fully_replicated and sharding.device_set == devices
+
+    return all(whole(x) for x in jax.tree.leaves(tree))
+
+
+def jit_per_device(fn, mesh: Mesh, batch, static_argnums=(), replicated_argnums=(), donate_argnums=()):
+    """`jax.jit` of `fn` run as one program per device of `mesh` (`jax.shard_map`): the positional arguments
+    in `replicated_argnums` whole on every device, every other array argument and every output split along
+    its first axis over the mesh axes `batch` (a PartitionSpec entry). Nothing passes between the devices,
+    so this suits work that is independent per row over replicated weights, such as a decode loop: there
+    jit's partitioner synchronises the devices at every step (the loop's condition reduces over all rows)."""
+    rows = P(batch)
+
+    def run(*args):
+        dynamic = [i for i in range(len(args)) if i not in static_argnums]
+
+        def local(*values):
+            full = list(args)
+            for i, value in zip(dynamic, values):
+                full[i] = value
+            return fn(*full)
+
+        values = [args[i] for i in dynamic]
+        in_specs = tuple(
+            P() if i in replicated_argnums else jax.tree.map(lambda _: rows, args[i]) for i in dynamic
+        )
+        out_specs = jax.tree.map(lambda _: rows, jax.eval_shape(local, *values))
+        return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+            *values
+        )
+
+    return jax.jit(run, static_argnums=static_argnums, donate_argnums=donate_argnums)

@@ -7,6 +7,7 @@ import pytest
 import jax
 
 from jaxsearch.agent import sampler as S
+from jaxsearch.agent import sampling
 from jaxsearch.agent.engine import AgentEngine, EpisodeConfig
 from jaxsearch.agent.protocols import Action, get_protocol
 from jaxsearch.agent.requests import EventStream, RowRequest, row_sampling, stop_answer, summarize
@@ -129,7 +130,7 @@ def test_per_row_sampling_matches_the_filtered_softmax():
     tiled = np.tile(logits, (draws, 1))
     keys = jax.random.split(jax.random.key(0), 4 * draws)
     counters = np.zeros(4 * draws, np.int32)
-    fn = jax.jit(S.sample_tokens, static_argnums=3)
+    fn = jax.jit(sampling.sample_tokens, static_argnums=3)
     out = fn(tiled, keys, counters, S.SamplingParams(), _tile(rows, draws))
     tok, logp, ent = (np.asarray(x).reshape(draws, 4) for x in out)
     full = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))

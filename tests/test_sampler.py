@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxsearch.models import hf_io
 from jaxsearch.agent import sampler as S
+from jaxsearch.agent import sampling
 from jaxsearch.models.sharding import param_shardings, to_decode_layout
 from hf_reference import make_hf_model
 from tiny_models import FORWARD, LOGPROBS
@@ -94,10 +95,10 @@ def test_first_argmax_is_numpys_argmax():
     x[1] = -np.inf
     x[2, :5] = np.inf
     x[3] = np.round(x[3])  # many ties below the maximum
-    got = np.asarray(jax.jit(S.first_argmax)(x))
+    got = np.asarray(jax.jit(sampling.first_argmax)(x))
     np.testing.assert_array_equal(got, np.argmax(x, -1))
     x[4] = np.nan
-    assert np.asarray(S.first_argmax(x))[4] == x.shape[1] - 1
+    assert np.asarray(sampling.first_argmax(x))[4] == x.shape[1] - 1
 
 
 def test_generate_stops_at_a_stop_id(model):
@@ -235,7 +236,8 @@ def test_top_p_cutoff_keeps_the_nucleus_of_a_sort_and_cumulative_sum():
         x[0, 0] = 50.0  # a row whose top entry holds all the mass: only it (and its ties) kept
         x = x.astype(np.float32)
         top_p = [0.1, 0.5, 0.9, 0.95][trial % 4]
-        kept = np.asarray(x >= np.asarray(jax.jit(S.top_p_cutoff, static_argnums=1)(jnp.asarray(x), top_p)))
+        cutoff = jax.jit(sampling.top_p_cutoff, static_argnums=1)(jnp.asarray(x), top_p)
+        kept = np.asarray(x >= np.asarray(cutoff))
         for row, k in zip(x.astype(np.float64), kept):
             probs = np.exp(row - row.max())
             probs /= probs.sum()
@@ -342,6 +344,58 @@ def test_sampler_on_a_mesh_shards_the_batch_and_samples_the_same_tokens(model):
     assert cache.k[0].sharding.spec[0] == ("data", "fsdp")  # rows split 8 ways
     assert cache.k[0].addressable_shards[0].data.shape[0] == 1
     assert out[0][2].cache.k[0].sharding.is_fully_replicated
+
+
+def _collectives(hlo: str) -> set[str]:
+    """The cross-device ops in compiled HLO text."""
+    import re
+
+    return set(re.findall(r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-scatter)", hlo))
+
+
+def test_replicated_params_on_a_data_mesh_decode_per_device_without_collectives(model):
+    """Params whole on every device of a data mesh (the replicated decode layout): prefill and decode run as
+    one program per device (`parallel.jit_per_device`), whose compiled decode loop holds no collective
+    (the mesh's jit all-reduces its loop condition every step), and a sampled segment with a stop string,
+    an append and a second segment are the single-device sampler's (tokens, log-probs, entropies, lengths,
+    stop codes). Sharded params, or rows the mesh does not divide, take the mesh's jit."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxsearch import parallel
+
+    _, config, params = model
+    mesh = parallel.make_mesh({"data": 2, "fsdp": 4})
+    whole = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    table = piece_table(config.vocab_size, ["</search>"])
+    kwargs = dict(cache_len=64, max_segment=12, sampling=S.SamplingParams(1.0), chunk_buckets=[8])
+    plain, on_mesh = S.Sampler(config, table, **kwargs), S.Sampler(config, table, mesh=mesh, **kwargs)
+    prompts = [[i + 1, i + 2, i + 3][: 1 + i % 3] for i in range(8)]
+    obs = [[7] * (i % 4) for i in range(8)]
+    budget = np.array([12, 12, 3, 12, 12, 1, 12, 12], np.int32)
+    out = []
+    for smp, p in ((plain, params), (on_mesh, whole)):
+        state = smp.start(p, prompts, seed=3)
+        first, state = smp.decode(p, state, budget)
+        state = smp.append(p, state, obs)
+        second, state = smp.decode(p, state, 12)
+        out.append((first, second, state))
+    for a, b in zip(out[0][:2], out[1][:2]):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.length, b.length)
+        np.testing.assert_array_equal(a.stop, b.stop)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+        np.testing.assert_allclose(a.entropy, b.entropy, atol=1e-5)
+    assert (out[0][0].stop != S.STOP_BUDGET).any() and (out[0][0].length < 12).any()  # a stop and a budget
+    assert out[1][2].cache.k[0].sharding.spec[0] == ("data", "fsdp")  # rows split 8 ways
+
+    per_device = on_mesh._per_device(whole, 8)
+    assert per_device is not None
+    state = on_mesh.start(whole, prompts, seed=3)
+    args = (config, whole, state, budget, table, on_mesh.sampling, 12)
+    assert not _collectives(per_device[1].lower(*args).compile().as_text())
+    assert "all-reduce" in _collectives(on_mesh._decode.lower(*args).compile().as_text())
+    assert on_mesh._per_device(jax.device_put(params, param_shardings(config, mesh)), 8) is None
+    assert on_mesh._per_device(whole, 4) is None  # 4 rows over 8 devices: replicated rows, the mesh's jit
 
 
 @pytest.mark.parametrize("steps, smallest_width", [(1, 4), (5, 4), (48, 4), (5, 1), (1, 2)])

@@ -292,7 +292,8 @@ def abstract_decode_params(config: qwen2.Qwen2Config, params, layout: str, merge
 
 def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dict, float]:
     """The rollout's decode call compiled on the abstract params and cache, the state donated: the lockstep
-    sampler's (`sampler.jit_decode`: a segment of up to max_segment_tokens steps) or, with
+    sampler's (a segment of up to max_segment_tokens steps: `sampler.jit_decode`, or per device
+    `sampler.jit_decode_per_device` for params whole on every device) or, with
     `rollout.scheduler=slots`, the decode slots' (`slots.decode_steps`: steps_per_call steps)."""
     mesh = _mesh_of(params)
     lengths = cache.lengths
@@ -314,7 +315,8 @@ def plan_decode_step(config: qwen2.Qwen2Config, params, cache, cfg) -> tuple[dic
         slot_state = slots_lib.SlotState(state, per_row((rows,), bool), per_row((rows,), jnp.int32), window)
         jitted = slots_lib.jit_decode_steps(mesh)
         return compile_fn(jitted, config, params, slot_state, table, sampling, r.steps_per_call)
-    jitted = sampler_lib.jit_decode(mesh)
+    batch = sampler_lib.per_device_batch(mesh, params, rows)  # the call `Sampler.decode` makes
+    jitted = sampler_lib.jit_decode(mesh) if batch is None else sampler_lib.jit_decode_per_device(mesh, batch)
     budget = per_row((rows,), jnp.int32)
     return compile_fn(jitted, config, params, state, budget, table, sampling, r.max_segment_tokens)
 
