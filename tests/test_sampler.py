@@ -396,6 +396,9 @@ def test_replicated_params_on_a_data_mesh_decode_per_device_without_collectives(
     assert "all-reduce" in _collectives(on_mesh._decode.lower(*args).compile().as_text())
     assert on_mesh._per_device(jax.device_put(params, param_shardings(config, mesh)), 8) is None
     assert on_mesh._per_device(whole, 4) is None  # 4 rows over 8 devices: replicated rows, the mesh's jit
+    tensor_mesh = parallel.make_mesh({"data": 2, "tensor": 4})  # rows over 2 of the 8: the mesh's jit
+    whole_on_tensor_mesh = jax.device_put(params, NamedSharding(tensor_mesh, PartitionSpec()))
+    assert S.per_device_batch(tensor_mesh, whole_on_tensor_mesh, 8) is None
 
 
 @pytest.mark.parametrize("steps, smallest_width", [(1, 4), (5, 4), (48, 4), (5, 1), (1, 2)])

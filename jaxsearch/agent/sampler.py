@@ -23,6 +23,7 @@ buckets), so after warm-up a multi-turn rollout compiles nothing new.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import jax
@@ -351,14 +352,17 @@ def jit_decode(mesh: jax.sharding.Mesh | None = None):
 
 def per_device_batch(mesh: jax.sharding.Mesh | None, params, rows: int):
     """The mesh axes to split `rows` rows over when the sampler runs one program per device: where `params`
-    are whole on every device of `mesh` (a replicated decode layout) and its batch axes divide the rows
-    (their PartitionSpec entry); else None, and the sampler runs the mesh's jit. Per device the decode loop
-    stops when that device's rows stop, with no collective per step: on the 2-core CPU bench/rollout.py's S
-    workload decodes 1.3-1.5x faster over 2 host devices than on one, under the mesh's jit 0.7x
-    (bench/RESULTS.md, issue 41)."""
+    are whole on every device of `mesh` (a replicated decode layout) and its batch axes hold every device
+    and divide the rows (their PartitionSpec entry); else None, and the sampler runs the mesh's jit. Per
+    device the decode loop stops when that device's rows stop, with no collective per step: on the 2-core
+    CPU bench/rollout.py's S workload decodes 1.3-1.5x faster over 2 host devices than on one, under the
+    mesh's jit 0.7x (bench/RESULTS.md, issue 41)."""
     if mesh is None or not parallel.replicated_on(mesh, params):
         return None
-    return parallel.logical_to_spec(("batch",), (rows,), mesh)[0]
+    batch = parallel.logical_to_spec(("batch",), (rows,), mesh)[0]
+    axes = (batch,) if isinstance(batch, str) else tuple(batch or ())
+    every_device = mesh.size > 1 and math.prod(mesh.shape[a] for a in axes) == mesh.size
+    return batch if every_device else None
 
 
 def jit_decode_per_device(mesh: jax.sharding.Mesh, batch):
