@@ -431,7 +431,8 @@ class Sampler:
         """Prefill left-padded prompts into a fresh cache. seed: an int or a [B] array of PRNG keys."""
         width = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt")
         ids, mask = _pad_rows(prompts, width, left=True)
-        prefill = (self._per_device(params, len(prompts)) or (self._prefill,))[0]
+        per_device = self._per_device(params, len(prompts))
+        prefill = per_device[0] if per_device else self._prefill
         logits, cache = prefill(self.config, params, self._rows(ids), self._rows(mask), self.cache_len)
         if isinstance(seed, int):
             keys = jax.random.split(jax.random.key(seed), len(prompts))
@@ -449,7 +450,8 @@ class Sampler:
         args = (self.config, params, state, budget, self.table, self.sampling, self.max_segment)
         if rows is not None:  # rows=None is not passed: the default's call, as before the per-row mode
             args += (jax.tree.map(self._rows, rows),)
-        decode = (self._per_device(params, b) or (None, self._decode))[1]
+        per_device = self._per_device(params, b)
+        decode = per_device[1] if per_device else self._decode
         tokens, logprobs, entropy, length, stop, state = decode(*args)
         # every process reads the whole batch back: the host side (parsing, retrieval) runs on all of them
         result = SegmentResult(*(multihost.to_host(x) for x in (tokens, logprobs, entropy, length, stop)))
