@@ -150,13 +150,10 @@ def jit_per_device(fn, mesh: Mesh, batch, static_argnums=(), replicated_argnums=
                 full[i] = value
             return fn(*full)
 
-        values = [args[i] for i in dynamic]
-        in_specs = tuple(
-            P() if i in replicated_argnums else jax.tree.map(lambda _: rows, args[i]) for i in dynamic
-        )
-        out_specs = jax.tree.map(lambda _: rows, jax.eval_shape(local, *values))
-        return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
-            *values
-        )
+        # a spec stands for every leaf of its argument (shard_map's specs are tree prefixes), `rows` for
+        # every output
+        in_specs = tuple(P() if i in replicated_argnums else rows for i in dynamic)
+        per_device = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=rows, check_vma=False)
+        return per_device(*(args[i] for i in dynamic))
 
     return jax.jit(run, static_argnums=static_argnums, donate_argnums=donate_argnums)
