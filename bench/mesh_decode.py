@@ -14,16 +14,12 @@ whether its greedy tokens are one device's.
 
 import argparse
 import json
-import os
-import sys
 import time
 
-if __name__ == "__main__":  # XLA reads its flags once, when jax starts: split the CPU before importing it
-    _pre = argparse.ArgumentParser(add_help=False)
-    _pre.add_argument("--host-devices", type=int, default=2)
-    _flags = os.environ.get("XLA_FLAGS", "")
-    _devices = _pre.parse_known_args(sys.argv[1:])[0].host_devices
-    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count={_devices}"
+from host_devices import split_cpu
+
+if __name__ == "__main__":  # before jax is imported
+    split_cpu(default=2)
 
 import jax
 import numpy as np

@@ -21,17 +21,13 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-if __name__ == "__main__":  # XLA reads its flags once, when jax starts: split the CPU before importing it
-    _pre = argparse.ArgumentParser(add_help=False)
-    _pre.add_argument("--host-devices", type=int, default=1)
-    _devices = _pre.parse_known_args(sys.argv[1:])[0].host_devices
-    if _devices > 1:
-        _flags = os.environ.get("XLA_FLAGS", "")
-        os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count={_devices}"
+from host_devices import split_cpu
+
+if __name__ == "__main__":  # before jax is imported
+    split_cpu(default=1)
 
 import jax
 import jax.numpy as jnp
