@@ -48,3 +48,16 @@ def median_time(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def alternated(runs: dict, reps: int) -> dict:
+    """{name: the results of `reps` calls} of the callables `runs` {name: fn}, called in turn, round after
+    round, after one untimed call each, so that a machine whose speed drifts slows them alike; each fn times
+    itself (its result is what it measured)."""
+    for fn in runs.values():
+        fn()
+    results = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, fn in runs.items():
+            results[name].append(fn())
+    return results

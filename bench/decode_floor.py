@@ -13,6 +13,7 @@ difference to the decode step.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -20,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import SIZES, median_time
+from common import SIZES, alternated, median_time
 from rollout import BATCH, NEW, PROMPT, greedy_sampler
 
 from jaxsearch.models import attention, qwen2
@@ -86,16 +87,15 @@ def step_loops(config, weights, slots: list[int], iters: int) -> dict:
 
 
 def alternated_us(loops: dict, iters: int, reps: int) -> dict:
-    """Median microseconds an iteration of each loop ({name: (loop, args)}), the loops timed in turn `reps`
-    times after a warm-up call each, so that a machine whose speed drifts slows them alike."""
-    times = {name: [] for name in loops}
-    for loop, args in loops.values():
+    """Median microseconds an iteration of each loop ({name: (loop, args)}), the loops timed in turn
+    (`common.alternated`)."""
+
+    def timed(loop, args) -> float:
+        t0 = time.perf_counter()
         jax.block_until_ready(loop(*args))
-    for _ in range(reps):
-        for name, (loop, args) in loops.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(loop(*args))
-            times[name].append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+    times = alternated({name: functools.partial(timed, *loop) for name, loop in loops.items()}, reps)
     return {name: round(1e6 * statistics.median(t) / iters, 1) for name, t in times.items()}
 
 

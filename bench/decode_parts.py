@@ -18,6 +18,7 @@ is compiled ahead of time, so its stub stays in.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -25,7 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import SIZES
+from common import SIZES, alternated
 from decode_floor import per_iteration_us
 from rollout import BATCH, NEW, PROMPT, greedy_sampler
 
@@ -156,12 +157,7 @@ def main():
         jax.block_until_ready(run(state)[0])
         return 1e6 * (time.perf_counter() - t0) / NEW
 
-    for name in calls:  # one untimed call each
-        step_us(name)
-    times = {name: [] for name in calls}
-    for _ in range(args.reps):
-        for name in calls:
-            times[name].append(step_us(name))
+    times = alternated({name: functools.partial(step_us, name) for name in calls}, args.reps)
     full = statistics.median(times["full"])
     steps = {name: round(statistics.median(t), 1) for name, t in times.items()}
     print(

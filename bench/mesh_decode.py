@@ -13,6 +13,7 @@ whether its greedy tokens are one device's.
 """
 
 import argparse
+import functools
 import json
 import time
 
@@ -23,7 +24,7 @@ if __name__ == "__main__":  # before jax is imported
 
 import jax
 import numpy as np
-from common import SIZES
+from common import SIZES, alternated
 from jax.sharding import NamedSharding, PartitionSpec
 from rollout import BATCH, NEW, PROMPT, greedy_sampler
 
@@ -62,17 +63,14 @@ def main():
         "per_device": (greedy_sampler(config, mesh), whole),
     }
     assert runs["per_device"][0]._per_device(whole, BATCH) is not None
-    times = {name: [] for name in runs}
-    tokens = {}
-    for name, (smp, p) in runs.items():
-        tokens[name] = timed(smp, p, prompts)[3]  # compiles
-    for _ in range(args.reps):
-        for name, (smp, p) in runs.items():
-            times[name].append(timed(smp, p, prompts)[:3])
-    base = np.array([t[0] for t in times["one_device"]])
+    results = alternated(
+        {name: functools.partial(timed, *run, prompts) for name, run in runs.items()}, args.reps
+    )
+    tokens = {name: r[0][3] for name, r in results.items()}
+    base = np.array([r[0] for r in results["one_device"]])
     out = {"bench": "mesh_decode", "size": "S", "host_devices": args.host_devices}
-    for name, ts in times.items():
-        rollout, prefill, decode = (np.array(x) for x in zip(*ts))
+    for name, rs in results.items():
+        rollout, prefill, decode = (np.array([r[i] for r in rs]) for i in range(3))
         ratio = base / rollout
         out[name] = {
             "tok_s": round(BATCH * NEW / float(np.median(rollout))),
